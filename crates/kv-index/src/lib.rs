@@ -1,0 +1,21 @@
+//! The KV-cache placement index: which workers hold which block hashes, at which tier and with
+//! which components, and which worker holds the longest reusable prefix of a prompt.
+//!
+//! This crate is the semantics of `docs/indexer-contract.md` and nothing else: no I/O, no async
+//! runtime, no clock, no wire types. The server wraps an [`Index`] in a lock and converts.
+//!
+//! - [`types`]: domain types (tiers, actions, specs, requests, answers);
+//! - [`validate`]: every validation rule of the contract, as [`ValidationError`];
+//! - `index`: the state and its layout, and apply (REPORT / REVOKE / CLEAR_ALL_AT_TIER);
+//! - `prefix`: the longest-prefix scan (`MatchExternalKvPrefix`);
+//! - `lookup`: exact lookups (`MatchExternalKv`) and hit counts.
+
+mod index;
+mod lookup;
+mod prefix;
+pub mod types;
+pub mod validate;
+
+pub use index::{Index, MAX_WORKERS};
+pub use types::*;
+pub use validate::{ErrorClass, ValidationError, validate_lookup, validate_prefix};

@@ -1,0 +1,22 @@
+//! Compiles `proto/kv_indexer.proto` with protox (no system `protoc`) and writes the descriptor
+//! set that server reflection serves.
+
+use std::path::PathBuf;
+
+use prost::Message;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let proto = proto_dir.join("kv_indexer.proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+
+    let fds = protox::compile([&proto], [&proto_dir])?;
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out_dir.join("kv_indexer_descriptor.bin"), fds.encode_to_vec())?;
+
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}
