@@ -1,1 +1,24 @@
-//! tmp
+//! The KV-cache Indexer server: the `kv_indexer.v1` gRPC service over the pure index of the
+//! `kv-index` crate, with admission control, deadline shedding, health, reflection and metrics.
+//!
+//! - [`config`]: flags and environment variables;
+//! - [`server`]: assembles the gRPC server and runs it on a bound listener;
+//! - [`service`]: the four RPCs, locking, admission and deadline checks;
+//! - [`convert`]: wire types ↔ index types (the only module that knows both);
+//! - [`deadline`]: arrival stamps and `grpc-timeout` parsing;
+//! - [`error`]: every error and its status code;
+//! - [`observe`]: Prometheus metrics and their admin endpoint;
+//! - [`throttle`]: log throttling at doubling totals.
+
+pub mod config;
+pub mod convert;
+pub mod deadline;
+pub mod error;
+pub mod observe;
+pub mod server;
+pub mod service;
+pub mod throttle;
+
+pub use config::{Args, Config};
+pub use server::run;
+pub use service::Shared;

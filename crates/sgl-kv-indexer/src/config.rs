@@ -1,0 +1,97 @@
+//! Server configuration: every setting is a `--flag` and its documented environment variable.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+
+use clap::Parser;
+
+/// The KV-cache Indexer gRPC server.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kv-indexer-server", version, about)]
+pub struct Args {
+    /// Address the gRPC service listens on.
+    #[arg(long, env = "KV_INDEXER_LISTEN_ADDR", default_value = "[::1]:50051")]
+    pub listen_addr: SocketAddr,
+
+    /// Prefix queries executing at once; one more is rejected with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT", default_value = "32")]
+    pub prefix_query_max_inflight: NonZeroUsize,
+
+    /// Address of the admin HTTP server serving Prometheus metrics on /metrics (off when unset).
+    #[arg(long, env = "KV_INDEXER_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// The validated settings the service runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub prefix_query_max_inflight: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            prefix_query_max_inflight: 32,
+        }
+    }
+}
+
+impl From<&Args> for Config {
+    fn from(args: &Args) -> Config {
+        Config {
+            prefix_query_max_inflight: args.prefix_query_max_inflight.get(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(argv: &[&str], expect: Result<(&str, usize), &str>) {
+        let mut full = vec!["kv-indexer-server"];
+        full.extend_from_slice(argv);
+        match (Args::try_parse_from(full), expect) {
+            (Ok(args), Ok((addr, inflight))) => {
+                assert_eq!(args.listen_addr.to_string(), addr);
+                assert_eq!(Config::from(&args).prefix_query_max_inflight, inflight);
+            }
+            (Err(error), Err(needle)) => {
+                let text = error.to_string();
+                assert!(text.contains(needle), "{text:?} does not name {needle:?}");
+            }
+            (got, want) => panic!("argv {argv:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        check(&[], Ok(("[::1]:50051", 32)));
+    }
+
+    #[test]
+    fn flags_override_defaults() {
+        check(
+            &["--listen-addr", "127.0.0.1:6000", "--prefix-query-max-inflight", "4"],
+            Ok(("127.0.0.1:6000", 4)),
+        );
+    }
+
+    #[test]
+    fn rejects_a_bad_listen_address_naming_it() {
+        check(&["--listen-addr", "nowhere"], Err("--listen-addr"));
+    }
+
+    #[test]
+    fn rejects_zero_inflight_naming_it() {
+        check(&["--prefix-query-max-inflight", "0"], Err("--prefix-query-max-inflight"));
+    }
+
+    #[test]
+    fn help_names_the_environment_variables() {
+        let help = <Args as clap::CommandFactory>::command().render_long_help().to_string();
+        for var in ["KV_INDEXER_LISTEN_ADDR", "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT", "KV_INDEXER_METRICS_ADDR"] {
+            assert!(help.contains(var), "--help does not mention {var}");
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! Every error the service answers with, and the one place that maps them to gRPC status codes.
+
+use kv_index::{ErrorClass, ValidationError};
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("too many prefix queries in flight (limit {limit}); retry later")]
+    Overloaded { limit: usize },
+    #[error("deadline already spent before the query started ({late_by_us} µs late)")]
+    DeadlineSpent { late_by_us: u128 },
+    #[error("query task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+impl ServerError {
+    pub fn code(&self) -> Code {
+        match self {
+            ServerError::Invalid(error) => match error.class() {
+                ErrorClass::InvalidArgument => Code::InvalidArgument,
+                ErrorClass::ResourceExhausted => Code::ResourceExhausted,
+            },
+            ServerError::Overloaded { .. } => Code::ResourceExhausted,
+            ServerError::DeadlineSpent { .. } => Code::DeadlineExceeded,
+            ServerError::Task(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<ServerError> for Status {
+    fn from(error: ServerError) -> Status {
+        Status::new(error.code(), error.to_string())
+    }
+}

@@ -1,0 +1,479 @@
+//! The server over real sockets on loopback: every RPC, status codes of the validation rules,
+//! the 8 MiB boundary, admission, deadline shedding, atomicity under concurrency, health and
+//! reflection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_indexer_proto::MAX_MESSAGE_BYTES;
+use kv_indexer_proto::v1 as pb;
+use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use sgl_kv_indexer::{Config, Shared, server};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+
+const HBM: i32 = pb::TierType::TierHbm as i32;
+const DRAM: i32 = pb::TierType::TierDram as i32;
+const REPORT: i32 = pb::ExternalKvActionType::ActionReport as i32;
+const REVOKE: i32 = pb::ExternalKvActionType::ActionRevoke as i32;
+const CLEAR: i32 = pb::ExternalKvActionType::ActionClearAllAtTier as i32;
+
+/// A server on `127.0.0.1:0`, stopped when dropped.
+struct TestServer {
+    shared: Arc<Shared>,
+    channel: Channel,
+    addr: std::net::SocketAddr,
+    stop: CancellationToken,
+}
+
+impl TestServer {
+    async fn start(config: Config) -> TestServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = server::shared(&config);
+        let stop = CancellationToken::new();
+        tokio::spawn(server::run(listener, shared.clone(), stop.clone().cancelled_owned()));
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        TestServer {
+            shared,
+            channel,
+            addr,
+            stop,
+        }
+    }
+
+    fn client(&self) -> KvIndexerClient<Channel> {
+        KvIndexerClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(usize::MAX)
+    }
+}
+
+/// A client over a bare HTTP/2 connection: unlike tonic's `Channel`, it does not enforce
+/// `grpc-timeout` itself, so the test sees what the server answers.
+async fn raw_client(addr: std::net::SocketAddr) -> KvIndexerClient<RawService> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let service: RawService = tower::util::BoxCloneService::new(tower::service_fn(
+        move |request: http::Request<tonic::body::Body>| {
+            let mut sender = sender.clone();
+            async move { sender.send_request(request).await }
+        },
+    ));
+    KvIndexerClient::with_origin(service, format!("http://{addr}").parse().unwrap())
+}
+
+type RawService = tower::util::BoxCloneService<
+    http::Request<tonic::body::Body>,
+    http::Response<hyper::body::Incoming>,
+    hyper::Error,
+>;
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn action(kind: i32, tier: i32, hashes: Vec<i64>) -> pb::ExternalKvAction {
+    pb::ExternalKvAction {
+        r#type: kind,
+        tier,
+        hashes,
+        ..Default::default()
+    }
+}
+
+fn apply(worker: &str, actions: Vec<pb::ExternalKvAction>) -> pb::ApplyExternalKvBatchRequest {
+    pb::ApplyExternalKvBatchRequest {
+        worker_id: worker.into(),
+        seq: 1,
+        actions,
+        worker_address: format!("http://{worker}:30000"),
+        cache_spec: None,
+    }
+}
+
+fn prefix(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
+    pb::MatchExternalKvPrefixRequest {
+        hashes,
+        max_blocks: 0,
+    }
+}
+
+#[tokio::test]
+async fn answers_every_rpc() {
+    let server = TestServer::start(Config::default()).await;
+    let mut client = server.client();
+    client
+        .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, vec![1, 2, 3])]))
+        .await
+        .unwrap();
+    client
+        .apply_external_kv_batch(apply("b", vec![action(REPORT, DRAM, vec![1, 2])]))
+        .await
+        .unwrap();
+
+    let answer = client
+        .match_external_kv_prefix(prefix(vec![1, 2, 3, 4]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.best_prefix_blocks, 3);
+    let got: Vec<(String, u32, String)> = answer
+        .matches
+        .into_iter()
+        .map(|m| (m.worker_address, m.matched_prefix_blocks, m.worker_id))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("http://a:30000".to_string(), 3, "a".to_string()),
+            ("http://b:30000".to_string(), 2, "b".to_string())
+        ]
+    );
+    assert_eq!(answer.blocks_read, 4);
+
+    let matched = client
+        .match_external_kv(pb::MatchExternalKvRequest {
+            hashes: vec![3, 1],
+            count_as_hit: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let workers: Vec<&str> = matched.matches.iter().map(|m| m.worker_id.as_str()).collect();
+    assert_eq!(workers, ["a", "b"]);
+    assert_eq!(matched.matches[0].hashes_by_tier[0].hashes, [3, 1]);
+    assert_eq!(matched.matches[0].hashes_by_tier[0].tier, HBM);
+    assert_eq!(matched.matches[1].hashes_by_tier[0].hashes, [1]);
+    assert_eq!(matched.matches[1].hashes_by_tier[0].tier, DRAM);
+
+    let hits = client
+        .get_external_kv_hit_counts(pb::GetExternalKvHitCountsRequest {
+            hashes: vec![1, 2, 3],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let hits: Vec<(i64, u64)> = hits.entries.iter().map(|e| (e.hash, e.hit_count_total)).collect();
+    assert_eq!(hits, [(1, 1), (3, 1)]);
+}
+
+/// Sends one request of each kind that breaks a rule; each must get `code` and change nothing.
+async fn check_rejected(client: &mut KvIndexerClient<Channel>, server: &TestServer, request: Rejected, code: Code) {
+    let before = server.shared.index_stats();
+    let status = match request {
+        Rejected::Apply(request) => client.apply_external_kv_batch(request).await.map(|_| ()),
+        Rejected::Match(request) => client.match_external_kv(request).await.map(|_| ()),
+        Rejected::Prefix(request) => client.match_external_kv_prefix(request).await.map(|_| ()),
+        Rejected::Hits(request) => client.get_external_kv_hit_counts(request).await.map(|_| ()),
+    }
+    .expect_err("the request must be rejected");
+    assert_eq!(status.code(), code, "{}", status.message());
+    assert!(!status.message().is_empty());
+    assert_eq!(server.shared.index_stats(), before, "a rejected request changed the index");
+}
+
+enum Rejected {
+    Apply(pb::ApplyExternalKvBatchRequest),
+    Match(pb::MatchExternalKvRequest),
+    Prefix(pb::MatchExternalKvPrefixRequest),
+    Hits(pb::GetExternalKvHitCountsRequest),
+}
+
+#[tokio::test]
+async fn maps_each_validation_rule_to_its_code_and_changes_nothing() {
+    let server = TestServer::start(Config::default()).await;
+    let mut client = server.client();
+    client
+        .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, vec![1, 2])]))
+        .await
+        .unwrap();
+    // Every rejected apply starts with a valid action, so a half-applied batch would show.
+    let valid = || action(REPORT, HBM, vec![10, 11]);
+    let with = |bad: pb::ExternalKvAction| apply("new-worker", vec![valid(), bad]);
+    let cases = vec![
+        (Rejected::Apply(pb::ApplyExternalKvBatchRequest { worker_id: String::new(), ..apply("x", vec![valid()]) }), Code::InvalidArgument),
+        (Rejected::Apply(apply("new-worker", (0..257).map(|i| action(REPORT, HBM, vec![i])).collect())), Code::ResourceExhausted),
+        (Rejected::Apply(apply("new-worker", vec![action(REPORT, HBM, (0..16_385).collect())])), Code::ResourceExhausted),
+        (Rejected::Apply(with(action(REPORT, 0, vec![5]))), Code::InvalidArgument),
+        (Rejected::Apply(with(action(REPORT, 9, vec![5]))), Code::InvalidArgument),
+        (Rejected::Apply(with(action(0, HBM, vec![5]))), Code::InvalidArgument),
+        (Rejected::Apply(with(action(17, HBM, vec![5]))), Code::InvalidArgument),
+        (Rejected::Apply(with(action(REPORT, HBM, vec![]))), Code::InvalidArgument),
+        (Rejected::Apply(with(action(REVOKE, HBM, vec![]))), Code::InvalidArgument),
+        (Rejected::Apply(with(pb::ExternalKvAction { component_masks: vec![1], ..action(REPORT, HBM, vec![5, 6]) })), Code::InvalidArgument),
+        (Rejected::Apply(with(pb::ExternalKvAction { block_sizes: vec![16; 3], ..action(REPORT, HBM, vec![5, 6]) })), Code::InvalidArgument),
+        (Rejected::Match(pb::MatchExternalKvRequest { hashes: vec![], count_as_hit: true }), Code::InvalidArgument),
+        (Rejected::Match(pb::MatchExternalKvRequest { hashes: vec![1; 16_385], count_as_hit: true }), Code::ResourceExhausted),
+        (Rejected::Hits(pb::GetExternalKvHitCountsRequest { hashes: vec![] }), Code::InvalidArgument),
+        (Rejected::Hits(pb::GetExternalKvHitCountsRequest { hashes: vec![1; 16_385] }), Code::ResourceExhausted),
+        (Rejected::Prefix(prefix(vec![])), Code::InvalidArgument),
+    ];
+    for (request, code) in cases {
+        check_rejected(&mut client, &server, request, code).await;
+    }
+    // Nothing above counted a hit either.
+    let hits = client
+        .get_external_kv_hit_counts(pb::GetExternalKvHitCountsRequest { hashes: vec![1, 2] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(hits.entries.is_empty());
+    // A clear with no hashes is valid.
+    client
+        .apply_external_kv_batch(apply("a", vec![action(CLEAR, HBM, vec![])]))
+        .await
+        .unwrap();
+    assert_eq!(server.shared.index_stats().placements, 0);
+}
+
+/// The largest prefix request that fits in 8 MiB: `(8 MiB − 16) / 8` hashes, as the router sends.
+const MAX_PREFIX_HASHES: usize = (MAX_MESSAGE_BYTES - 16) / 8;
+
+#[tokio::test]
+async fn accepts_messages_up_to_8_mib_and_rejects_larger_ones_with_out_of_range() {
+    let server = TestServer::start(Config::default()).await;
+    let mut client = server.client();
+    client
+        .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, (0..100).collect())]))
+        .await
+        .unwrap();
+    let under: Vec<i64> = (0..MAX_PREFIX_HASHES as i64).collect();
+    let answer = client
+        .match_external_kv_prefix(prefix(under))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.best_prefix_blocks, 100);
+
+    // 1 + 4 bytes of field header, so this many hashes is just over the limit.
+    let over: Vec<i64> = (0..(MAX_MESSAGE_BYTES / 8) as i64).collect();
+    let status = client
+        .match_external_kv_prefix(prefix(over))
+        .await
+        .expect_err("over 8 MiB must be rejected");
+    assert_eq!(status.code(), Code::OutOfRange, "{}", status.message());
+}
+
+/// A prefix request whose scan takes long: every block is held, so no candidate settles early.
+async fn long_scan_setup(client: &mut KvIndexerClient<Channel>, blocks: i64) -> Vec<i64> {
+    for start in (0..blocks).step_by(16_384) {
+        let end = (start + 16_384).min(blocks);
+        client
+            .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, (start..end).collect())]))
+            .await
+            .unwrap();
+    }
+    (0..blocks).collect()
+}
+
+#[tokio::test]
+async fn rejects_the_query_over_the_inflight_bound_at_once() {
+    let server = TestServer::start(Config {
+        prefix_query_max_inflight: 2,
+    })
+    .await;
+    let mut client = server.client();
+    let hashes = long_scan_setup(&mut client, 1_000_000).await;
+
+    // Keep two long scans in flight until the third query has its answer.
+    let stop = CancellationToken::new();
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut client = server.client();
+        let hashes = hashes.clone();
+        let stop = stop.clone();
+        holders.push(tokio::spawn(async move {
+            let mut answered = 0;
+            while !stop.is_cancelled() {
+                match client.match_external_kv_prefix(prefix(hashes.clone())).await {
+                    Ok(_) => answered += 1,
+                    Err(status) => assert_eq!(status.code(), Code::ResourceExhausted),
+                }
+            }
+            answered
+        }));
+    }
+    let mut rejected = None;
+    for _ in 0..10_000 {
+        if server.shared.prefix_queries_in_flight() < 2 {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        match client.match_external_kv_prefix(prefix(vec![0, 1])).await {
+            Err(status) => {
+                rejected = Some(status);
+                break;
+            }
+            Ok(_) => continue,
+        }
+    }
+    stop.cancel();
+    for holder in holders {
+        holder.await.unwrap();
+    }
+    let status = rejected.expect("a query over the bound was never rejected");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{}", status.message());
+    assert!(server.shared.shed_and_rejected().1 >= 1);
+}
+
+fn with_timeout<T>(message: T, grpc_timeout: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("grpc-timeout", grpc_timeout.parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn honours_a_spent_client_deadline_without_touching_the_index() {
+    let server = TestServer::start(Config::default()).await;
+    let mut client = raw_client(server.addr).await;
+    client
+        .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, vec![1, 2])]))
+        .await
+        .unwrap();
+    let scans = server.shared.prefix_scans();
+    let status = client
+        .match_external_kv_prefix(with_timeout(prefix(vec![1, 2]), "1n"))
+        .await
+        .expect_err("a spent deadline must be shed");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{}", status.message());
+    assert_eq!(server.shared.prefix_scans(), scans, "a shed query touched the index");
+    assert_eq!(server.shared.shed_and_rejected().0, 1);
+
+    // A generous deadline is served.
+    let answer = client
+        .match_external_kv_prefix(with_timeout(prefix(vec![1, 2]), "10S"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.best_prefix_blocks, 2);
+    assert_eq!(server.shared.prefix_scans(), scans + 1);
+}
+
+#[tokio::test]
+async fn keeps_applying_while_queries_are_shed() {
+    let server = TestServer::start(Config::default()).await;
+    let mut client = raw_client(server.addr).await;
+    for round in 0..50i64 {
+        let status = client
+            .match_external_kv_prefix(with_timeout(prefix(vec![round]), "1n"))
+            .await
+            .expect_err("shed");
+        assert_eq!(status.code(), Code::DeadlineExceeded);
+        // Applies carry the same spent budget and are still applied: they are never shed.
+        client
+            .apply_external_kv_batch(with_timeout(apply("a", vec![action(REPORT, HBM, vec![round])]), "10S"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(server.shared.index_stats().placements, 50);
+    assert_eq!(server.shared.shed_and_rejected().0, 50);
+}
+
+#[tokio::test]
+async fn concurrent_queries_never_see_a_half_applied_batch() {
+    let server = TestServer::start(Config::default()).await;
+    let blocks: Vec<i64> = (0..2_000).collect();
+    let (first, second) = blocks.split_at(1_000);
+    let report = apply(
+        "a",
+        vec![action(REPORT, HBM, first.to_vec()), action(REPORT, DRAM, second.to_vec())],
+    );
+    let revoke = apply(
+        "a",
+        vec![action(REVOKE, HBM, first.to_vec()), action(CLEAR, DRAM, vec![])],
+    );
+    let writer = {
+        let mut client = server.client();
+        tokio::spawn(async move {
+            for _ in 0..200 {
+                client.apply_external_kv_batch(report.clone()).await.unwrap();
+                client.apply_external_kv_batch(revoke.clone()).await.unwrap();
+            }
+        })
+    };
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let mut client = server.client();
+        let blocks = blocks.clone();
+        readers.push(tokio::spawn(async move {
+            let mut seen = [0u32; 2];
+            for _ in 0..400 {
+                let answer = client
+                    .match_external_kv_prefix(prefix(blocks.clone()))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                match answer.best_prefix_blocks {
+                    0 => seen[0] += 1,
+                    2_000 => seen[1] += 1,
+                    half => panic!("saw a half-applied batch: prefix {half}"),
+                }
+            }
+            seen
+        }));
+    }
+    writer.await.unwrap();
+    for reader in readers {
+        reader.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn answers_health_and_reflection() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let server = TestServer::start(Config::default()).await;
+    let mut health = HealthClient::new(server.channel.clone());
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "kv_indexer.v1.KVIndexer".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.status, ServingStatus::Serving as i32);
+
+    let mut reflection = ServerReflectionClient::new(server.channel.clone());
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection answer {response:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&"kv_indexer.v1.KVIndexer".to_string()), "{names:?}");
+    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+}
