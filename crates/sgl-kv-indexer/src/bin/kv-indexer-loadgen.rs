@@ -1,1 +1,311 @@
-fn main(){}
+//! `kv-indexer-loadgen`: drives a running server over real gRPC with a trace-shaped workload and
+//! prints throughput, latency percentiles and rejections.
+//!
+//! Workload: `--workers` workers; `--prompts` prompts of `--prompt-blocks` blocks, in 8 groups
+//! sharing a system prefix of a quarter of the prompt. Prompt `p` is held whole by worker
+//! `p % workers` and up to a random cut by two more workers. Routers then ask for the longest
+//! prefix of random prompts at `--qps` (0 = as fast as they can) with `--concurrency` queries
+//! in flight, while `--ingest-ops` block-ops/s of REPORT/REVOKE churn (by other workers) go on.
+//! `--background-scan-blocks` keeps one huge prefix scan running to show what it does to the
+//! small queries.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use kv_indexer_proto::MAX_MESSAGE_BYTES;
+use kv_indexer_proto::v1 as pb;
+use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinSet;
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, Parser)]
+#[command(name = "kv-indexer-loadgen", about)]
+struct Args {
+    /// The server to drive.
+    #[arg(long, env = "KV_INDEXER_ENDPOINT", default_value = "http://[::1]:50051")]
+    endpoint: String,
+    /// Workers reporting prompts.
+    #[arg(long, default_value_t = 256)]
+    workers: usize,
+    /// Distinct prompts held by the workers.
+    #[arg(long, default_value_t = 256)]
+    prompts: usize,
+    /// Blocks per prompt (the query length).
+    #[arg(long, default_value_t = 32_768)]
+    prompt_blocks: usize,
+    /// Target prefix queries per second; 0 = as fast as the concurrency allows.
+    #[arg(long, default_value_t = 64)]
+    qps: u64,
+    /// Prefix queries in flight at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// gRPC connections to spread queries over.
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    /// How long to query, in seconds.
+    #[arg(long, default_value_t = 10)]
+    duration_secs: u64,
+    /// REPORT/REVOKE block-ops per second applied while querying (0 = none).
+    #[arg(long, default_value_t = 0)]
+    ingest_ops: u64,
+    /// Hashes per churn apply.
+    #[arg(long, default_value_t = 4096)]
+    ingest_batch: usize,
+    /// Keep one prefix scan of this many held blocks running throughout (0 = none).
+    #[arg(long, default_value_t = 0)]
+    background_scan_blocks: usize,
+    /// Per-query deadline sent as grpc-timeout, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    timeout_ms: u64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+type Client = KvIndexerClient<Channel>;
+
+fn client(channel: &Channel) -> Client {
+    KvIndexerClient::new(channel.clone())
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+fn report(worker: String, hashes: Vec<i64>) -> pb::ApplyExternalKvBatchRequest {
+    apply(worker, pb::ExternalKvActionType::ActionReport, hashes)
+}
+
+fn apply(worker: String, kind: pb::ExternalKvActionType, hashes: Vec<i64>) -> pb::ApplyExternalKvBatchRequest {
+    pb::ApplyExternalKvBatchRequest {
+        worker_address: format!("http://{worker}:30000"),
+        worker_id: worker,
+        seq: 0,
+        actions: vec![pb::ExternalKvAction {
+            r#type: kind as i32,
+            tier: pb::TierType::TierHbm as i32,
+            hashes,
+            ..Default::default()
+        }],
+        cache_spec: None,
+    }
+}
+
+/// Reports `hashes` for `worker` in applies of at most 16,384 hashes.
+async fn report_all(client: &mut Client, worker: &str, hashes: &[i64]) -> anyhow::Result<()> {
+    for chunk in hashes.chunks(16_384) {
+        client
+            .apply_external_kv_batch(report(worker.to_string(), chunk.to_vec()))
+            .await
+            .context("preloading")?;
+    }
+    Ok(())
+}
+
+fn prompts(args: &Args, rng: &mut StdRng) -> Vec<Arc<Vec<i64>>> {
+    let shared_len = args.prompt_blocks / 4;
+    let groups: Vec<Vec<i64>> = (0..8).map(|_| (0..shared_len).map(|_| rng.random()).collect()).collect();
+    (0..args.prompts)
+        .map(|p| {
+            let mut hashes = groups[p % 8].clone();
+            hashes.extend((shared_len..args.prompt_blocks).map(|_| rng.random::<i64>()));
+            Arc::new(hashes)
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct Tally {
+    latencies_us: Vec<u64>,
+    ok: u64,
+    codes: std::collections::BTreeMap<String, u64>,
+    best_prefix_sum: u64,
+    blocks_read_sum: u64,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.workers > 0 && args.prompts > 0 && args.prompt_blocks > 0, "--workers, --prompts and --prompt-blocks must be positive");
+    anyhow::ensure!(args.concurrency > 0 && args.connections > 0, "--concurrency and --connections must be positive");
+    let endpoint = Endpoint::from_shared(args.endpoint.clone())
+        .with_context(|| format!("--endpoint {}", args.endpoint))?
+        .tcp_nodelay(true);
+    let mut channels = Vec::new();
+    for _ in 0..args.connections {
+        channels.push(endpoint.connect().await.with_context(|| format!("connecting to {}", args.endpoint))?);
+    }
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let prompts = prompts(&args, &mut rng);
+
+    let preload = Instant::now();
+    let mut loader = client(&channels[0]);
+    let mut preloaded = 0usize;
+    for (p, prompt) in prompts.iter().enumerate() {
+        report_all(&mut loader, &format!("worker-{}", p % args.workers), prompt).await?;
+        preloaded += prompt.len();
+        for _ in 0..2 {
+            let holder = rng.random_range(0..args.workers);
+            let cut = rng.random_range(1..=prompt.len());
+            report_all(&mut loader, &format!("worker-{holder}"), &prompt[..cut]).await?;
+            preloaded += cut;
+        }
+    }
+    let preload = preload.elapsed();
+    println!(
+        "preloaded {preloaded} block reports for {} workers in {:.2} s ({:.2} M blocks/s over gRPC)",
+        args.workers,
+        preload.as_secs_f64(),
+        preloaded as f64 / preload.as_secs_f64() / 1e6
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut background = JoinSet::new();
+    let ingested = Arc::new(AtomicU64::new(0));
+    if args.ingest_ops > 0 {
+        let mut client = client(&channels[0]);
+        let (stop, ingested, batch, ops) = (stop.clone(), ingested.clone(), args.ingest_batch.max(1), args.ingest_ops);
+        background.spawn(async move {
+            // REPORT a batch, then REVOKE it: two applies of `batch` block-ops each.
+            let per_pair = Duration::from_secs_f64(2.0 * batch as f64 / ops as f64);
+            let mut ticker = tokio::time::interval(per_pair);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut next: i64 = i64::MIN;
+            let mut latencies = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                ticker.tick().await;
+                let hashes: Vec<i64> = (next..next + batch as i64).collect();
+                next += batch as i64;
+                let worker = format!("churn-{}", next % 16);
+                let start = Instant::now();
+                client.apply_external_kv_batch(report(worker.clone(), hashes.clone())).await?;
+                client
+                    .apply_external_kv_batch(apply(worker, pb::ExternalKvActionType::ActionRevoke, hashes))
+                    .await?;
+                latencies.push(start.elapsed().as_micros() as u64 / 2);
+                ingested.fetch_add(2 * batch as u64, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(("apply (REPORT or REVOKE)", latencies))
+        });
+    }
+    if args.background_scan_blocks > 0 {
+        let big: Vec<i64> = (0..args.background_scan_blocks as i64).map(|i| i ^ 0x5bd1_e995).collect();
+        report_all(&mut loader, "big-prompt-holder", &big).await?;
+        let mut client = client(&channels[channels.len() - 1]);
+        let stop = stop.clone();
+        background.spawn(async move {
+            let mut latencies = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                let request = pb::MatchExternalKvPrefixRequest { hashes: big.clone(), max_blocks: 0 };
+                client.match_external_kv_prefix(request).await?;
+                latencies.push(start.elapsed().as_micros() as u64);
+            }
+            Ok(("background scan", latencies))
+        });
+    }
+
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(args.duration_secs);
+    let issued = Arc::new(AtomicU64::new(0));
+    let mut queriers = JoinSet::new();
+    for q in 0..args.concurrency {
+        let mut client = client(&channels[q % channels.len()]);
+        let (prompts, issued) = (prompts.clone(), issued.clone());
+        let (qps, timeout) = (args.qps, Duration::from_millis(args.timeout_ms));
+        let mut rng = StdRng::seed_from_u64(args.seed + 1 + q as u64);
+        queriers.spawn(async move {
+            let mut tally = Tally::default();
+            loop {
+                let i = issued.fetch_add(1, Ordering::Relaxed);
+                if qps > 0 {
+                    let due = start + Duration::from_secs_f64(i as f64 / qps as f64);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                if Instant::now() >= deadline {
+                    break;
+                }
+                let prompt = &prompts[rng.random_range(0..prompts.len())];
+                let mut request = tonic::Request::new(pb::MatchExternalKvPrefixRequest {
+                    hashes: prompt.to_vec(),
+                    max_blocks: 0,
+                });
+                request.set_timeout(timeout);
+                let sent = Instant::now();
+                let result = client.match_external_kv_prefix(request).await;
+                tally.latencies_us.push(sent.elapsed().as_micros() as u64);
+                match result {
+                    Ok(answer) => {
+                        let answer = answer.into_inner();
+                        tally.ok += 1;
+                        tally.best_prefix_sum += u64::from(answer.best_prefix_blocks);
+                        tally.blocks_read_sum += u64::from(answer.blocks_read);
+                    }
+                    Err(status) => *tally.codes.entry(format!("{:?}", status.code())).or_default() += 1,
+                }
+            }
+            tally
+        });
+    }
+    let mut total = Tally::default();
+    while let Some(tally) = queriers.join_next().await {
+        let tally = tally?;
+        total.latencies_us.extend(tally.latencies_us);
+        total.ok += tally.ok;
+        total.best_prefix_sum += tally.best_prefix_sum;
+        total.blocks_read_sum += tally.blocks_read_sum;
+        for (code, n) in tally.codes {
+            *total.codes.entry(code).or_default() += n;
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+
+    total.latencies_us.sort_unstable();
+    let l = &total.latencies_us;
+    println!(
+        "prefix queries: {} sent, {} ok, {:.0} ok/s; rejected {:?}",
+        l.len(),
+        total.ok,
+        total.ok as f64 / elapsed,
+        total.codes
+    );
+    println!(
+        "latency µs: p50 {} p99 {} p999 {} max {}; mean best prefix {:.0} blocks, mean blocks_read {:.0}",
+        percentile(l, 50.0),
+        percentile(l, 99.0),
+        percentile(l, 99.9),
+        l.last().copied().unwrap_or(0),
+        total.best_prefix_sum as f64 / total.ok.max(1) as f64,
+        total.blocks_read_sum as f64 / total.ok.max(1) as f64
+    );
+    if args.ingest_ops > 0 {
+        println!(
+            "ingest: {:.2} M block-ops/s achieved (target {:.2} M)",
+            ingested.load(Ordering::Relaxed) as f64 / elapsed / 1e6,
+            args.ingest_ops as f64 / 1e6
+        );
+    }
+    while let Some(joined) = background.join_next().await {
+        let (label, mut latencies) = joined??;
+        latencies.sort_unstable();
+        println!(
+            "{label} latency µs over {}: p50 {} p99 {} max {}",
+            latencies.len(),
+            percentile(&latencies, 50.0),
+            percentile(&latencies, 99.0),
+            latencies.last().copied().unwrap_or(0)
+        );
+    }
+    Ok(())
+}
