@@ -18,6 +18,10 @@ use crate::validate::{ValidationError, validate_prefix};
 
 const NO_SLOT: u32 = u32::MAX;
 
+/// Lookups issued together while scanning: the first window and the largest.
+const MIN_WINDOW: usize = 4;
+const MAX_WINDOW: usize = 32;
+
 /// The per-candidate scan state.
 #[derive(Debug, Clone)]
 struct Candidate {
@@ -159,9 +163,11 @@ impl Index {
             candidates.push(candidate);
         }
 
-        let mut position = 0u32;
-        let mut block = Some(first);
-        loop {
+        // Block 0 is always examined; later blocks are looked up a window at a time so that
+        // the hash-table misses of independent lookups overlap. The window starts small (most
+        // scans settle early) and doubles up to `MAX_WINDOW`.
+        let mut examine = |position: usize, block: Option<&Block>| {
+            let position = position as u32;
             if let Some(block) = block {
                 for placement in &block.placements {
                     let slot = slot_of[placement.worker() as usize];
@@ -171,12 +177,28 @@ impl Index {
                 }
             }
             active.retain(|&slot| !candidates[slot as usize].step(position, block));
-            position += 1;
-            if active.is_empty() || position as usize >= n {
-                break;
+            active.is_empty()
+        };
+        let mut examined = 1;
+        let mut settled = examine(0, Some(first));
+        let mut window = MIN_WINDOW;
+        let mut found: [Option<&Block>; MAX_WINDOW] = [None; MAX_WINDOW];
+        while !settled && examined < n {
+            let end = (examined + window).min(n);
+            for (slot, hash) in found.iter_mut().zip(&hashes[examined..end]) {
+                *slot = self.blocks.get(hash);
             }
-            block = self.blocks.get(&hashes[position as usize]);
+            for (offset, block) in found[..end - examined].iter().enumerate() {
+                settled = examine(examined + offset, *block);
+                if settled {
+                    examined += offset;
+                    break;
+                }
+            }
+            examined = if settled { examined + 1 } else { end };
+            window = (window * 2).min(MAX_WINDOW);
         }
+        let position = examined as u32;
 
         let mut matches: Vec<&Candidate> = candidates.iter().filter(|c| c.prefix > 0).collect();
         matches.sort_unstable_by_key(|c| (std::cmp::Reverse(c.prefix), self.workers[c.worker as usize].rank));
