@@ -50,6 +50,11 @@ enum BigOp {
 #[derive(Debug, Clone)]
 enum Op {
     Apply(ApplyRequest),
+    /// An apply whose `cache_spec` is replaced by the worker's spec for the whole case (what a
+    /// real bridge does: the same spec on every batch), so that component-aware state builds up
+    /// over several batches. For a legacy worker the masks are dropped; for a component-aware one
+    /// empty masks become `FULL | SWA | MAMBA`.
+    ApplySticky(ApplyRequest),
     /// Redeliver an earlier apply request (accepted or not): `history[i % history.len()]`.
     Redeliver(usize),
     Prefix {
@@ -82,7 +87,6 @@ enum LongChain {
     Report {
         worker: usize,
         address: u8,
-        cache_spec: Option<CacheSpec>,
         tier: i32,
         start: i64,
         len: usize,
@@ -93,6 +97,8 @@ enum LongChain {
         size: Option<u32>,
     },
     /// REVOKE `from .. from + len` at one tier, one action.
+    ///
+    /// Both use the worker's spec for the whole case.
     Revoke {
         worker: usize,
         tier: i32,
@@ -129,10 +135,10 @@ fn cycle() -> impl Strategy<Value = Vec<i64>> {
 
 fn action_hashes() -> BoxedStrategy<Vec<i64>> {
     prop_oneof![
-        6 => vec(hash(), 1..6),
-        3 => chain(0..1, 1..9),
-        3 => chain(1..10, 1..9),
-        1 => cycle(),
+        12 => vec(hash(), 1..6),
+        6 => chain(0..1, 1..9),
+        6 => chain(1..10, 1..9),
+        2 => cycle(),
         1 => Just(Vec::new()),
     ]
     .boxed()
@@ -160,17 +166,17 @@ where
     S: Strategy<Value = u32> + Clone + 'static,
 {
     prop_oneof![
-        3 => Just(Vec::new()),
-        6 => vec(element.clone(), len),
+        6 => Just(Vec::new()),
+        16 => vec(element.clone(), len),
         1 => vec(element, 0..8),
     ]
 }
 
 fn action_type() -> BoxedStrategy<i32> {
     prop_oneof![
-        6 => Just(1i32),
-        3 => Just(2i32),
-        2 => Just(3i32),
+        24 => Just(1i32),
+        10 => Just(2i32),
+        4 => Just(3i32),
         1 => prop_oneof![Just(0i32), Just(4i32), Just(-1i32)],
     ]
     .boxed()
@@ -178,7 +184,7 @@ fn action_type() -> BoxedStrategy<i32> {
 
 fn tier() -> BoxedStrategy<i32> {
     prop_oneof![
-        12 => 1i32..=3,
+        40 => 1i32..=3,
         1 => prop_oneof![Just(0i32), Just(7i32), Just(-1i32)],
     ]
     .boxed()
@@ -220,7 +226,7 @@ fn action() -> BoxedStrategy<ActionRequest> {
 
 fn tier_mask() -> BoxedStrategy<u32> {
     prop_oneof![
-        5 => Just(2 | 4),
+        10 => Just(2 | 4),
         1 => Just(2u32),
         1 => Just(4u32),
         1 => Just(2 | 4 | 8),
@@ -254,17 +260,22 @@ fn window() -> BoxedStrategy<u32> {
 fn cache_spec() -> BoxedStrategy<Option<CacheSpec>> {
     let masks = || (tier_mask(), tier_mask(), tier_mask());
     prop_oneof![
-        5 => Just(None),
-        2 => (0u32..2, masks()).prop_map(|(v, m)| spec(v, FULL, 0, m)),
-        2 => (0u32..2, window(), masks()).prop_map(|(v, w, m)| spec(v, FULL | SWA, w, m)),
+        6 => Just(None),
+        3 => (0u32..2, masks()).prop_map(|(v, m)| spec(v, FULL, 0, m)),
+        3 => (0u32..2, window(), masks()).prop_map(|(v, w, m)| spec(v, FULL | SWA, w, m)),
         2 => (0u32..2, masks()).prop_map(|(v, m)| spec(v, FULL | MAMBA, 0, m)),
-        2 => (0u32..2, window(), masks())
+        3 => (0u32..2, window(), masks())
             .prop_map(|(v, w, m)| spec(v, FULL | SWA | MAMBA, w, m)),
         // Invalid: no components, a future version, SWA without a window.
-        1 => masks().prop_map(|m| spec(1, 0, 16, m)),
-        1 => (2u32..4, masks()).prop_map(|(v, m)| spec(v, FULL, 0, m)),
-        1 => (masks(), prop_oneof![Just(SWA), Just(FULL | SWA), Just(FULL | SWA | MAMBA)])
-            .prop_map(|(m, c)| spec(1, c, 0, m)),
+        2 => prop_oneof![
+            masks().prop_map(|m| spec(1, 0, 16, m)),
+            (2u32..4, masks()).prop_map(|(v, m)| spec(v, FULL, 0, m)),
+            (
+                masks(),
+                prop_oneof![Just(SWA), Just(FULL | SWA), Just(FULL | SWA | MAMBA)]
+            )
+                .prop_map(|(m, c)| spec(1, c, 0, m)),
+        ],
         // Anything.
         1 => (0u32..3, 0u32..16, 0u32..8, (0u32..16, 0u32..16, 0u32..16))
             .prop_map(|(v, c, w, m)| spec(v, c, w, m)),
@@ -274,9 +285,9 @@ fn cache_spec() -> BoxedStrategy<Option<CacheSpec>> {
 
 fn address_for(worker: &str, choice: u8) -> String {
     match choice {
-        0..=6 if worker == WORKERS[4] => String::new(),
-        0..=6 => format!("http://{worker}:8000"),
-        7 | 8 => String::new(),
+        0..=7 if worker == WORKERS[4] => String::new(),
+        0..=7 => format!("http://{worker}:8000"),
+        8 => String::new(),
         _ => format!("http://{worker}:9000"),
     }
 }
@@ -334,7 +345,7 @@ fn big_op() -> BoxedStrategy<BigOp> {
 
 fn long_chain() -> BoxedStrategy<LongChain> {
     let report = (
-        (0usize..WORKERS.len(), 0u8..10, cache_spec(), 1i32..=3),
+        (0usize..WORKERS.len(), 0u8..10, 1i32..=3),
         (
             prop_oneof![3 => Just(0i64), 1 => -2i64..12],
             12usize..300,
@@ -348,15 +359,10 @@ fn long_chain() -> BoxedStrategy<LongChain> {
         ),
     )
         .prop_map(
-            |(
-                (worker, address, cache_spec, tier),
-                (start, len, pieces),
-                (hints, mask, holes, size),
-            )| {
+            |((worker, address, tier), (start, len, pieces), (hints, mask, holes, size))| {
                 LongChain::Report {
                     worker,
                     address,
-                    cache_spec,
                     tier,
                     start,
                     len,
@@ -387,7 +393,11 @@ fn long_chain() -> BoxedStrategy<LongChain> {
 
 fn op() -> BoxedStrategy<Op> {
     prop_oneof![
-        10 => apply_request().prop_map(Op::Apply),
+        4 => apply_request().prop_map(Op::Apply),
+        6 => apply_request().prop_map(|mut req| {
+            req.cache_spec = None;
+            Op::ApplySticky(req)
+        }),
         2 => any::<usize>().prop_map(Op::Redeliver),
         6 => (query_hashes(), max_blocks())
             .prop_map(|(hashes, max_blocks)| Op::Prefix { hashes, max_blocks }),
@@ -531,12 +541,11 @@ impl Pair {
 }
 
 impl LongChain {
-    fn request(&self) -> ApplyRequest {
+    fn request(&self, specs: &[Option<CacheSpec>]) -> ApplyRequest {
         match self {
             LongChain::Report {
                 worker,
                 address,
-                cache_spec,
                 tier,
                 start,
                 len,
@@ -584,7 +593,7 @@ impl LongChain {
                     worker_id: WORKERS[*worker].to_string(),
                     seq: 0,
                     worker_address: address_for(WORKERS[*worker], *address),
-                    cache_spec: *cache_spec,
+                    cache_spec: specs[*worker],
                     actions,
                 }
             }
@@ -598,7 +607,7 @@ impl LongChain {
                 worker_id: WORKERS[*worker].to_string(),
                 seq: 0,
                 worker_address: address_for(WORKERS[*worker], 0),
-                cache_spec: None,
+                cache_spec: specs[*worker],
                 actions: vec![ActionRequest {
                     action_type: 2,
                     tier: *tier,
@@ -612,7 +621,7 @@ impl LongChain {
     }
 }
 
-fn run(ops: &[Op]) -> Result<(), TestCaseError> {
+fn run(specs: &[Option<CacheSpec>], ops: &[Op]) -> Result<(), TestCaseError> {
     let mut pair = Pair {
         index: Index::new(),
         model: Model::new(),
@@ -623,6 +632,23 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Apply(req) => {
                 pair.apply(req)?;
                 pair.history.push(req.clone());
+            }
+            Op::ApplySticky(req) => {
+                let mut req = req.clone();
+                if let Some(w) = WORKERS.iter().position(|w| *w == req.worker_id) {
+                    req.cache_spec = specs[w];
+                }
+                for action in &mut req.actions {
+                    if req.cache_spec.is_none() {
+                        // A legacy bridge sends no component masks.
+                        action.component_masks.clear();
+                    } else if action.component_masks.is_empty() {
+                        // A component-aware one always does.
+                        action.component_masks = vec![FULL | SWA | MAMBA; action.hashes.len()];
+                    }
+                }
+                pair.apply(&req)?;
+                pair.history.push(req);
             }
             Op::Redeliver(i) => {
                 if !pair.history.is_empty() {
@@ -638,7 +664,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             Op::HitCounts(hashes) => pair.hit_counts(hashes)?,
             Op::Big(big) => pair.big(big)?,
             Op::LongChain(chain) => {
-                let req = chain.request();
+                let req = chain.request(specs);
                 pair.apply(&req)?;
                 pair.history.push(req);
             }
@@ -672,7 +698,11 @@ fn config() -> ProptestConfig {
     ProptestConfig {
         cases,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "tests/model.proptest-regressions",
+            // Absolute, so that running the test binary from anywhere finds the same file.
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/model.proptest-regressions"
+            ),
         ))),
         // ChaCha, the default, dominates the run time in debug builds.
         rng_algorithm: RngAlgorithm::XorShift,
@@ -684,8 +714,11 @@ proptest! {
     #![proptest_config(config())]
 
     #[test]
-    fn index_agrees_with_reference_model(ops in vec(op(), 1..40)) {
-        run(&ops)?;
+    fn index_agrees_with_reference_model(
+        specs in vec(cache_spec(), WORKERS.len()),
+        ops in vec(op(), 1..40),
+    ) {
+        run(&specs, &ops)?;
     }
 }
 
