@@ -1,0 +1,169 @@
+//! SGLang batches as domain events: the medium becomes a [`Tier`], `component_types` a mask, and
+//! an event the index cannot use is skipped with a [`SkipReason`] while the rest of its batch
+//! goes on.
+
+use crate::wire::{self, BatchError, Field, Kind, Medium, RawEvent};
+use kv_index::Tier;
+
+/// One payload, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedBatch {
+    /// The publisher's wall clock, in seconds.
+    pub ts: f64,
+    pub attn_dp_rank: Option<i64>,
+    /// The usable events, in batch order.
+    pub events: Vec<Event>,
+    /// Why each unusable event was left out, in batch order.
+    pub skipped: Vec<SkipReason>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    BlockStored(BlockStored),
+    BlockRemoved { block_hashes: Vec<i64>, tier: Tier },
+    AllBlocksCleared,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockStored {
+    /// A chain: each hash's parent is the one before it, the first's is `parent_block_hash`.
+    pub block_hashes: Vec<i64>,
+    pub parent_block_hash: Option<i64>,
+    /// Tokens per block; 0 when the event does not say.
+    pub block_size: u32,
+    pub tier: Tier,
+    /// The OR of the `component_types` labels; `None` for a legacy whole-block event.
+    pub component_mask: Option<u32>,
+    pub lora_id: Option<i64>,
+    pub cache_salt: Option<String>,
+    pub session_id: Option<String>,
+    pub lora_name: Option<String>,
+    /// How many `token_ids` the event carried (the tokens themselves are not kept).
+    pub n_token_ids: usize,
+}
+
+/// Why one event was left out of its batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SkipReason {
+    #[error("unknown medium {0:?}")]
+    UnknownMedium(String),
+    #[error("event has no medium")]
+    MissingMedium,
+    /// Blocks in an external store are not placed on this worker.
+    #[error("medium EXTERNAL is not indexed")]
+    ExternalMedium,
+    #[error("unknown event type {0:?}")]
+    UnknownEventType(String),
+    #[error("malformed event: {0}")]
+    Malformed(&'static str),
+}
+
+impl SkipReason {
+    /// A short stable label, for a metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SkipReason::UnknownMedium(_) => "unknown_medium",
+            SkipReason::MissingMedium => "missing_medium",
+            SkipReason::ExternalMedium => "external_medium",
+            SkipReason::UnknownEventType(_) => "unknown_event_type",
+            SkipReason::Malformed(_) => "malformed",
+        }
+    }
+}
+
+/// Decodes one msgpack payload (the last frame of a live or replayed message).
+///
+/// Never panics. Broken msgpack, or a batch that is not `[ts, events, ...]`, is an error for the
+/// whole payload; an event that is unusable on its own lands in [`DecodedBatch::skipped`].
+pub fn decode_batch(payload: &[u8]) -> Result<DecodedBatch, BatchError> {
+    let mut events = Vec::new();
+    let mut skipped = Vec::new();
+    let header = wire::read_batch(payload, |raw| match event(raw) {
+        Ok(event) => events.push(event),
+        Err(reason) => skipped.push(reason),
+    })?;
+    Ok(DecodedBatch {
+        ts: header.ts,
+        attn_dp_rank: header.attn_dp_rank,
+        events,
+        skipped,
+    })
+}
+
+fn event(raw: Field<RawEvent>) -> Result<Event, SkipReason> {
+    let Field::Value(raw) = raw else {
+        return Err(SkipReason::Malformed("event is neither an array nor a map"));
+    };
+    match raw.kind {
+        Field::Value(Kind::Stored) => stored(raw),
+        Field::Value(Kind::Removed) => {
+            let block_hashes = hashes(raw.block_hashes)?;
+            let tier = tier(raw.medium)?;
+            Ok(Event::BlockRemoved { block_hashes, tier })
+        }
+        Field::Value(Kind::Cleared) => Ok(Event::AllBlocksCleared),
+        Field::Value(Kind::Unknown(name)) => Err(SkipReason::UnknownEventType(name)),
+        Field::Missing => Err(SkipReason::Malformed("event has no type")),
+        Field::Bad => Err(SkipReason::Malformed("event type is not a string")),
+    }
+}
+
+fn stored(raw: RawEvent) -> Result<Event, SkipReason> {
+    let block_hashes = hashes(raw.block_hashes)?;
+    let parent_block_hash = optional(raw.parent_block_hash, "parent_block_hash is not an integer")?;
+    let block_size = match optional(raw.block_size, "block_size is not an integer")? {
+        None => 0,
+        Some(size) => {
+            u32::try_from(size).map_err(|_| SkipReason::Malformed("block_size is out of range"))?
+        }
+    };
+    let n_token_ids = optional(raw.token_count, "token_ids is not an array")?.unwrap_or(0);
+    let lora_id = optional(raw.lora_id, "lora_id is not an integer")?;
+    let cache_salt = optional(raw.cache_salt, "cache_salt is not a string")?;
+    let session_id = optional(raw.session_id, "session_id is not a string")?;
+    let lora_name = optional(raw.lora_name, "lora_name is not a string")?;
+    let component_mask = optional(raw.component_mask, "component_types is not an array")?;
+    let tier = tier(raw.medium)?;
+    Ok(Event::BlockStored(BlockStored {
+        block_hashes,
+        parent_block_hash,
+        block_size,
+        tier,
+        component_mask,
+        lora_id,
+        cache_salt,
+        session_id,
+        lora_name,
+        n_token_ids,
+    }))
+}
+
+fn hashes(field: Field<Vec<i64>>) -> Result<Vec<i64>, SkipReason> {
+    match field {
+        Field::Value(hashes) => Ok(hashes),
+        Field::Missing => Err(SkipReason::Malformed("event has no block_hashes")),
+        Field::Bad => Err(SkipReason::Malformed(
+            "block_hashes is not an array of integers",
+        )),
+    }
+}
+
+fn optional<T>(field: Field<T>, bad: &'static str) -> Result<Option<T>, SkipReason> {
+    match field {
+        Field::Value(value) => Ok(Some(value)),
+        Field::Missing => Ok(None),
+        Field::Bad => Err(SkipReason::Malformed(bad)),
+    }
+}
+
+fn tier(medium: Field<Medium>) -> Result<Tier, SkipReason> {
+    match medium {
+        Field::Value(Medium::Gpu) => Ok(Tier::Hbm),
+        Field::Value(Medium::CpuPinned) => Ok(Tier::Dram),
+        Field::Value(Medium::Disk) => Ok(Tier::Ssd),
+        Field::Value(Medium::External) => Err(SkipReason::ExternalMedium),
+        Field::Value(Medium::Other(name)) => Err(SkipReason::UnknownMedium(name)),
+        Field::Missing => Err(SkipReason::MissingMedium),
+        Field::Bad => Err(SkipReason::Malformed("medium is not a string")),
+    }
+}
