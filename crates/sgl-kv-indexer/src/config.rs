@@ -14,7 +14,11 @@ pub struct Args {
     pub listen_addr: SocketAddr,
 
     /// Prefix queries executing at once; one more is rejected with RESOURCE_EXHAUSTED.
-    #[arg(long, env = "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT", default_value = "32")]
+    #[arg(
+        long,
+        env = "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT",
+        default_value = "32"
+    )]
     pub prefix_query_max_inflight: NonZeroUsize,
 
     /// Address of the admin HTTP server serving Prometheus metrics on /metrics (off when unset).
@@ -72,7 +76,12 @@ mod tests {
     #[test]
     fn flags_override_defaults() {
         check(
-            &["--listen-addr", "127.0.0.1:6000", "--prefix-query-max-inflight", "4"],
+            &[
+                "--listen-addr",
+                "127.0.0.1:6000",
+                "--prefix-query-max-inflight",
+                "4",
+            ],
             Ok(("127.0.0.1:6000", 4)),
         );
     }
@@ -84,13 +93,22 @@ mod tests {
 
     #[test]
     fn rejects_zero_inflight_naming_it() {
-        check(&["--prefix-query-max-inflight", "0"], Err("--prefix-query-max-inflight"));
+        check(
+            &["--prefix-query-max-inflight", "0"],
+            Err("--prefix-query-max-inflight"),
+        );
     }
 
     #[test]
     fn help_names_the_environment_variables() {
-        let help = <Args as clap::CommandFactory>::command().render_long_help().to_string();
-        for var in ["KV_INDEXER_LISTEN_ADDR", "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT", "KV_INDEXER_METRICS_ADDR"] {
+        let help = <Args as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        for var in [
+            "KV_INDEXER_LISTEN_ADDR",
+            "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT",
+            "KV_INDEXER_METRICS_ADDR",
+        ] {
             assert!(help.contains(var), "--help does not mention {var}");
         }
     }

@@ -1,9 +1,7 @@
 //! Conversion between the generated wire types and the index's domain types: the only module
 //! that knows both.
 
-use kv_index::{
-    ActionRequest, ApplyRequest, CacheSpec, NodeMatch, PrefixAnswer, TierHashes,
-};
+use kv_index::{ActionRequest, ApplyRequest, CacheSpec, NodeMatch, PrefixAnswer, TierHashes};
 use kv_indexer_proto::v1 as pb;
 
 pub fn apply_request(request: pb::ApplyExternalKvBatchRequest) -> ApplyRequest {

@@ -1,6 +1,7 @@
 //! The KV-cache Indexer server: the `kv_indexer.v1` gRPC service over the pure index of the
 //! `kv-index` crate, with admission control, deadline shedding, health, reflection and metrics.
 //!
+//! - [`bridge`]: `kv-indexer-bridge`, SGLang's ZMQ event stream into the index;
 //! - [`config`]: flags and environment variables;
 //! - [`server`]: assembles the gRPC server and runs it on a bound listener;
 //! - [`service`]: the four RPCs, locking, admission and deadline checks;
@@ -8,8 +9,10 @@
 //! - [`deadline`]: arrival stamps and `grpc-timeout` parsing;
 //! - [`error`]: every error and its status code;
 //! - [`observe`]: Prometheus metrics and their admin endpoint;
+//! - [`signal`]: SIGINT/SIGTERM for graceful shutdown;
 //! - [`throttle`]: log throttling at doubling totals.
 
+pub mod bridge;
 pub mod config;
 pub mod convert;
 pub mod deadline;
@@ -17,6 +20,7 @@ pub mod error;
 pub mod observe;
 pub mod server;
 pub mod service;
+pub mod signal;
 pub mod throttle;
 
 pub use config::{Args, Config};

@@ -20,7 +20,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 pub fn request(rpc: &'static str, code: tonic::Code, elapsed: Duration) {
     let code = format!("{code:?}");
-    metrics::counter!("kv_indexer_requests_total", "rpc" => rpc, "code" => code.clone()).increment(1);
+    metrics::counter!("kv_indexer_requests_total", "rpc" => rpc, "code" => code.clone())
+        .increment(1);
     metrics::histogram!("kv_indexer_request_duration_seconds", "rpc" => rpc, "code" => code)
         .record(elapsed.as_secs_f64());
 }

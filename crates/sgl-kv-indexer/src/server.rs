@@ -35,7 +35,9 @@ pub async fn run(
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let addr = listener.local_addr().context("reading the listen address")?;
+    let addr = listener
+        .local_addr()
+        .context("reading the listen address")?;
     let routes = routes(shared).await?;
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
@@ -64,7 +66,8 @@ pub async fn run(
             request.extensions_mut().insert(Arrival(Instant::now()));
             routes.clone().oneshot(request)
         });
-        let connection = http2.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let connection =
+            http2.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
@@ -97,7 +100,11 @@ async fn routes(shared: Arc<Shared>) -> anyhow::Result<Routes> {
         .add_service(indexer)
         .add_service(health_service)
         .add_service(reflection().build_v1().context("building reflection v1")?)
-        .add_service(reflection().build_v1alpha().context("building reflection v1alpha")?);
+        .add_service(
+            reflection()
+                .build_v1alpha()
+                .context("building reflection v1alpha")?,
+        );
     Ok(routes.routes())
 }
 

@@ -77,7 +77,11 @@ impl Shared {
     fn admit(&self) -> Result<OwnedSemaphorePermit, ServerError> {
         self.admission.clone().try_acquire_owned().map_err(|_| {
             if let Some(total) = self.rejected.record() {
-                warn!(total, limit = self.limit, "rejecting prefix queries over the in-flight bound");
+                warn!(
+                    total,
+                    limit = self.limit,
+                    "rejecting prefix queries over the in-flight bound"
+                );
             }
             observe::rejection("admission");
             ServerError::Overloaded { limit: self.limit }
@@ -94,7 +98,10 @@ impl Shared {
             return Ok(());
         }
         if let Some(total) = self.shed.record() {
-            info!(total, "shedding prefix queries whose deadline is already spent");
+            info!(
+                total,
+                "shedding prefix queries whose deadline is already spent"
+            );
         }
         observe::rejection("deadline");
         Err(ServerError::DeadlineSpent {
@@ -179,7 +186,11 @@ impl IndexerService {
     ) -> Result<pb::MatchExternalKvResponse, ServerError> {
         validate_lookup(&request.hashes)?;
         if !request.count_as_hit {
-            let matches = self.shared.index.read_recursive().match_kv(&request.hashes)?;
+            let matches = self
+                .shared
+                .index
+                .read_recursive()
+                .match_kv(&request.hashes)?;
             return Ok(convert::match_response(matches));
         }
         let shared = self.shared.clone();
@@ -198,13 +209,21 @@ impl IndexerService {
         &self,
         request: pb::GetExternalKvHitCountsRequest,
     ) -> Result<pb::GetExternalKvHitCountsResponse, ServerError> {
-        let entries = self.shared.index.read_recursive().hit_counts(&request.hashes)?;
+        let entries = self
+            .shared
+            .index
+            .read_recursive()
+            .hit_counts(&request.hashes)?;
         Ok(convert::hit_counts_response(entries))
     }
 }
 
 /// Records the outcome of one RPC and turns it into tonic's result.
-fn finish<T>(rpc: &'static str, start: Instant, result: Result<T, ServerError>) -> Result<Response<T>, Status> {
+fn finish<T>(
+    rpc: &'static str,
+    start: Instant,
+    result: Result<T, ServerError>,
+) -> Result<Response<T>, Status> {
     let code = match &result {
         Ok(_) => tonic::Code::Ok,
         Err(error) => error.code(),

@@ -34,7 +34,11 @@ impl TestServer {
         let addr = listener.local_addr().unwrap();
         let shared = server::shared(&config);
         let stop = CancellationToken::new();
-        tokio::spawn(server::run(listener, shared.clone(), stop.clone().cancelled_owned()));
+        tokio::spawn(server::run(
+            listener,
+            shared.clone(),
+            stop.clone().cancelled_owned(),
+        ));
         let channel = Channel::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
@@ -154,7 +158,11 @@ async fn answers_every_rpc() {
         .await
         .unwrap()
         .into_inner();
-    let workers: Vec<&str> = matched.matches.iter().map(|m| m.worker_id.as_str()).collect();
+    let workers: Vec<&str> = matched
+        .matches
+        .iter()
+        .map(|m| m.worker_id.as_str())
+        .collect();
     assert_eq!(workers, ["a", "b"]);
     assert_eq!(matched.matches[0].hashes_by_tier[0].hashes, [3, 1]);
     assert_eq!(matched.matches[0].hashes_by_tier[0].tier, HBM);
@@ -168,12 +176,21 @@ async fn answers_every_rpc() {
         .await
         .unwrap()
         .into_inner();
-    let hits: Vec<(i64, u64)> = hits.entries.iter().map(|e| (e.hash, e.hit_count_total)).collect();
+    let hits: Vec<(i64, u64)> = hits
+        .entries
+        .iter()
+        .map(|e| (e.hash, e.hit_count_total))
+        .collect();
     assert_eq!(hits, [(1, 1), (3, 1)]);
 }
 
 /// Sends one request of each kind that breaks a rule; each must get `code` and change nothing.
-async fn check_rejected(client: &mut KvIndexerClient<Channel>, server: &TestServer, request: Rejected, code: Code) {
+async fn check_rejected(
+    client: &mut KvIndexerClient<Channel>,
+    server: &TestServer,
+    request: Rejected,
+    code: Code,
+) {
     let before = server.shared.index_stats();
     let status = match request {
         Rejected::Apply(request) => client.apply_external_kv_batch(request).await.map(|_| ()),
@@ -184,7 +201,11 @@ async fn check_rejected(client: &mut KvIndexerClient<Channel>, server: &TestServ
     .expect_err("the request must be rejected");
     assert_eq!(status.code(), code, "{}", status.message());
     assert!(!status.message().is_empty());
-    assert_eq!(server.shared.index_stats(), before, "a rejected request changed the index");
+    assert_eq!(
+        server.shared.index_stats(),
+        before,
+        "a rejected request changed the index"
+    );
 }
 
 enum Rejected {
@@ -206,21 +227,89 @@ async fn maps_each_validation_rule_to_its_code_and_changes_nothing() {
     let valid = || action(REPORT, HBM, vec![10, 11]);
     let with = |bad: pb::ExternalKvAction| apply("new-worker", vec![valid(), bad]);
     let cases = vec![
-        (Rejected::Apply(pb::ApplyExternalKvBatchRequest { worker_id: String::new(), ..apply("x", vec![valid()]) }), Code::InvalidArgument),
-        (Rejected::Apply(apply("new-worker", (0..257).map(|i| action(REPORT, HBM, vec![i])).collect())), Code::ResourceExhausted),
-        (Rejected::Apply(apply("new-worker", vec![action(REPORT, HBM, (0..16_385).collect())])), Code::ResourceExhausted),
-        (Rejected::Apply(with(action(REPORT, 0, vec![5]))), Code::InvalidArgument),
-        (Rejected::Apply(with(action(REPORT, 9, vec![5]))), Code::InvalidArgument),
-        (Rejected::Apply(with(action(0, HBM, vec![5]))), Code::InvalidArgument),
-        (Rejected::Apply(with(action(17, HBM, vec![5]))), Code::InvalidArgument),
-        (Rejected::Apply(with(action(REPORT, HBM, vec![]))), Code::InvalidArgument),
-        (Rejected::Apply(with(action(REVOKE, HBM, vec![]))), Code::InvalidArgument),
-        (Rejected::Apply(with(pb::ExternalKvAction { component_masks: vec![1], ..action(REPORT, HBM, vec![5, 6]) })), Code::InvalidArgument),
-        (Rejected::Apply(with(pb::ExternalKvAction { block_sizes: vec![16; 3], ..action(REPORT, HBM, vec![5, 6]) })), Code::InvalidArgument),
-        (Rejected::Match(pb::MatchExternalKvRequest { hashes: vec![], count_as_hit: true }), Code::InvalidArgument),
-        (Rejected::Match(pb::MatchExternalKvRequest { hashes: vec![1; 16_385], count_as_hit: true }), Code::ResourceExhausted),
-        (Rejected::Hits(pb::GetExternalKvHitCountsRequest { hashes: vec![] }), Code::InvalidArgument),
-        (Rejected::Hits(pb::GetExternalKvHitCountsRequest { hashes: vec![1; 16_385] }), Code::ResourceExhausted),
+        (
+            Rejected::Apply(pb::ApplyExternalKvBatchRequest {
+                worker_id: String::new(),
+                ..apply("x", vec![valid()])
+            }),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Apply(apply(
+                "new-worker",
+                (0..257).map(|i| action(REPORT, HBM, vec![i])).collect(),
+            )),
+            Code::ResourceExhausted,
+        ),
+        (
+            Rejected::Apply(apply(
+                "new-worker",
+                vec![action(REPORT, HBM, (0..16_385).collect())],
+            )),
+            Code::ResourceExhausted,
+        ),
+        (
+            Rejected::Apply(with(action(REPORT, 0, vec![5]))),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Apply(with(action(REPORT, 9, vec![5]))),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Apply(with(action(0, HBM, vec![5]))),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Apply(with(action(17, HBM, vec![5]))),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Apply(with(action(REPORT, HBM, vec![]))),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Apply(with(action(REVOKE, HBM, vec![]))),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Apply(with(pb::ExternalKvAction {
+                component_masks: vec![1],
+                ..action(REPORT, HBM, vec![5, 6])
+            })),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Apply(with(pb::ExternalKvAction {
+                block_sizes: vec![16; 3],
+                ..action(REPORT, HBM, vec![5, 6])
+            })),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Match(pb::MatchExternalKvRequest {
+                hashes: vec![],
+                count_as_hit: true,
+            }),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Match(pb::MatchExternalKvRequest {
+                hashes: vec![1; 16_385],
+                count_as_hit: true,
+            }),
+            Code::ResourceExhausted,
+        ),
+        (
+            Rejected::Hits(pb::GetExternalKvHitCountsRequest { hashes: vec![] }),
+            Code::InvalidArgument,
+        ),
+        (
+            Rejected::Hits(pb::GetExternalKvHitCountsRequest {
+                hashes: vec![1; 16_385],
+            }),
+            Code::ResourceExhausted,
+        ),
         (Rejected::Prefix(prefix(vec![])), Code::InvalidArgument),
     ];
     for (request, code) in cases {
@@ -274,7 +363,10 @@ async fn long_scan_setup(client: &mut KvIndexerClient<Channel>, blocks: i64) -> 
     for start in (0..blocks).step_by(16_384) {
         let end = (start + 16_384).min(blocks);
         client
-            .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, (start..end).collect())]))
+            .apply_external_kv_batch(apply(
+                "a",
+                vec![action(REPORT, HBM, (start..end).collect())],
+            ))
             .await
             .unwrap();
     }
@@ -300,7 +392,10 @@ async fn rejects_the_query_over_the_inflight_bound_at_once() {
         holders.push(tokio::spawn(async move {
             let mut answered = 0;
             while !stop.is_cancelled() {
-                match client.match_external_kv_prefix(prefix(hashes.clone())).await {
+                match client
+                    .match_external_kv_prefix(prefix(hashes.clone()))
+                    .await
+                {
                     Ok(_) => answered += 1,
                     Err(status) => assert_eq!(status.code(), Code::ResourceExhausted),
                 }
@@ -327,7 +422,12 @@ async fn rejects_the_query_over_the_inflight_bound_at_once() {
         holder.await.unwrap();
     }
     let status = rejected.expect("a query over the bound was never rejected");
-    assert_eq!(status.code(), Code::ResourceExhausted, "{}", status.message());
+    assert_eq!(
+        status.code(),
+        Code::ResourceExhausted,
+        "{}",
+        status.message()
+    );
     assert!(server.shared.shed_and_rejected().1 >= 1);
 }
 
@@ -352,8 +452,17 @@ async fn honours_a_spent_client_deadline_without_touching_the_index() {
         .match_external_kv_prefix(with_timeout(prefix(vec![1, 2]), "1n"))
         .await
         .expect_err("a spent deadline must be shed");
-    assert_eq!(status.code(), Code::DeadlineExceeded, "{}", status.message());
-    assert_eq!(server.shared.prefix_scans(), scans, "a shed query touched the index");
+    assert_eq!(
+        status.code(),
+        Code::DeadlineExceeded,
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        server.shared.prefix_scans(),
+        scans,
+        "a shed query touched the index"
+    );
     assert_eq!(server.shared.shed_and_rejected().0, 1);
 
     // A generous deadline is served.
@@ -378,7 +487,10 @@ async fn keeps_applying_while_queries_are_shed() {
         assert_eq!(status.code(), Code::DeadlineExceeded);
         // Applies carry the same spent budget and are still applied: they are never shed.
         client
-            .apply_external_kv_batch(with_timeout(apply("a", vec![action(REPORT, HBM, vec![round])]), "10S"))
+            .apply_external_kv_batch(with_timeout(
+                apply("a", vec![action(REPORT, HBM, vec![round])]),
+                "10S",
+            ))
             .await
             .unwrap();
     }
@@ -393,18 +505,30 @@ async fn concurrent_queries_never_see_a_half_applied_batch() {
     let (first, second) = blocks.split_at(1_000);
     let report = apply(
         "a",
-        vec![action(REPORT, HBM, first.to_vec()), action(REPORT, DRAM, second.to_vec())],
+        vec![
+            action(REPORT, HBM, first.to_vec()),
+            action(REPORT, DRAM, second.to_vec()),
+        ],
     );
     let revoke = apply(
         "a",
-        vec![action(REVOKE, HBM, first.to_vec()), action(CLEAR, DRAM, vec![])],
+        vec![
+            action(REVOKE, HBM, first.to_vec()),
+            action(CLEAR, DRAM, vec![]),
+        ],
     );
     let writer = {
         let mut client = server.client();
         tokio::spawn(async move {
             for _ in 0..200 {
-                client.apply_external_kv_batch(report.clone()).await.unwrap();
-                client.apply_external_kv_batch(revoke.clone()).await.unwrap();
+                client
+                    .apply_external_kv_batch(report.clone())
+                    .await
+                    .unwrap();
+                client
+                    .apply_external_kv_batch(revoke.clone())
+                    .await
+                    .unwrap();
             }
         })
     };
@@ -439,10 +563,10 @@ async fn concurrent_queries_never_see_a_half_applied_batch() {
 async fn answers_health_and_reflection() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let server = TestServer::start(Config::default()).await;
     let mut health = HealthClient::new(server.channel.clone());
@@ -474,6 +598,12 @@ async fn answers_health_and_reflection() {
         panic!("unexpected reflection answer {response:?}");
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"kv_indexer.v1.KVIndexer".to_string()), "{names:?}");
-    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"kv_indexer.v1.KVIndexer".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
 }

@@ -27,7 +27,11 @@ use tonic::transport::{Channel, Endpoint};
 #[command(name = "kv-indexer-loadgen", about)]
 struct Args {
     /// The server to drive.
-    #[arg(long, env = "KV_INDEXER_ENDPOINT", default_value = "http://[::1]:50051")]
+    #[arg(
+        long,
+        env = "KV_INDEXER_ENDPOINT",
+        default_value = "http://[::1]:50051"
+    )]
     endpoint: String,
     /// Workers reporting prompts.
     #[arg(long, default_value_t = 256)]
@@ -78,7 +82,11 @@ fn report(worker: String, hashes: Vec<i64>) -> pb::ApplyExternalKvBatchRequest {
     apply(worker, pb::ExternalKvActionType::ActionReport, hashes)
 }
 
-fn apply(worker: String, kind: pb::ExternalKvActionType, hashes: Vec<i64>) -> pb::ApplyExternalKvBatchRequest {
+fn apply(
+    worker: String,
+    kind: pb::ExternalKvActionType,
+    hashes: Vec<i64>,
+) -> pb::ApplyExternalKvBatchRequest {
     pb::ApplyExternalKvBatchRequest {
         worker_address: format!("http://{worker}:30000"),
         worker_id: worker,
@@ -106,7 +114,9 @@ async fn report_all(client: &mut Client, worker: &str, hashes: &[i64]) -> anyhow
 
 fn prompts(args: &Args, rng: &mut StdRng) -> Vec<Arc<Vec<i64>>> {
     let shared_len = args.prompt_blocks / 4;
-    let groups: Vec<Vec<i64>> = (0..8).map(|_| (0..shared_len).map(|_| rng.random()).collect()).collect();
+    let groups: Vec<Vec<i64>> = (0..8)
+        .map(|_| (0..shared_len).map(|_| rng.random()).collect())
+        .collect();
     (0..args.prompts)
         .map(|p| {
             let mut hashes = groups[p % 8].clone();
@@ -136,14 +146,25 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(args.workers > 0 && args.prompts > 0 && args.prompt_blocks > 0, "--workers, --prompts and --prompt-blocks must be positive");
-    anyhow::ensure!(args.concurrency > 0 && args.connections > 0, "--concurrency and --connections must be positive");
+    anyhow::ensure!(
+        args.workers > 0 && args.prompts > 0 && args.prompt_blocks > 0,
+        "--workers, --prompts and --prompt-blocks must be positive"
+    );
+    anyhow::ensure!(
+        args.concurrency > 0 && args.connections > 0,
+        "--concurrency and --connections must be positive"
+    );
     let endpoint = Endpoint::from_shared(args.endpoint.clone())
         .with_context(|| format!("--endpoint {}", args.endpoint))?
         .tcp_nodelay(true);
     let mut channels = Vec::new();
     for _ in 0..args.connections {
-        channels.push(endpoint.connect().await.with_context(|| format!("connecting to {}", args.endpoint))?);
+        channels.push(
+            endpoint
+                .connect()
+                .await
+                .with_context(|| format!("connecting to {}", args.endpoint))?,
+        );
     }
     let mut rng = StdRng::seed_from_u64(args.seed);
     let prompts = prompts(&args, &mut rng);
@@ -174,7 +195,12 @@ async fn main() -> anyhow::Result<()> {
     let ingested = Arc::new(AtomicU64::new(0));
     if args.ingest_ops > 0 {
         let mut client = client(&channels[0]);
-        let (stop, ingested, batch, ops) = (stop.clone(), ingested.clone(), args.ingest_batch.max(1), args.ingest_ops);
+        let (stop, ingested, batch, ops) = (
+            stop.clone(),
+            ingested.clone(),
+            args.ingest_batch.max(1),
+            args.ingest_ops,
+        );
         background.spawn(async move {
             // REPORT a batch, then REVOKE it: two applies of `batch` block-ops each.
             let per_pair = Duration::from_secs_f64(2.0 * batch as f64 / ops as f64);
@@ -188,9 +214,15 @@ async fn main() -> anyhow::Result<()> {
                 next += batch as i64;
                 let worker = format!("churn-{}", next % 16);
                 let start = Instant::now();
-                client.apply_external_kv_batch(report(worker.clone(), hashes.clone())).await?;
                 client
-                    .apply_external_kv_batch(apply(worker, pb::ExternalKvActionType::ActionRevoke, hashes))
+                    .apply_external_kv_batch(report(worker.clone(), hashes.clone()))
+                    .await?;
+                client
+                    .apply_external_kv_batch(apply(
+                        worker,
+                        pb::ExternalKvActionType::ActionRevoke,
+                        hashes,
+                    ))
                     .await?;
                 latencies.push(start.elapsed().as_micros() as u64 / 2);
                 ingested.fetch_add(2 * batch as u64, Ordering::Relaxed);
@@ -199,7 +231,9 @@ async fn main() -> anyhow::Result<()> {
         });
     }
     if args.background_scan_blocks > 0 {
-        let big: Vec<i64> = (0..args.background_scan_blocks as i64).map(|i| i ^ 0x5bd1_e995).collect();
+        let big: Vec<i64> = (0..args.background_scan_blocks as i64)
+            .map(|i| i ^ 0x5bd1_e995)
+            .collect();
         report_all(&mut loader, "big-prompt-holder", &big).await?;
         let mut client = client(&channels[channels.len() - 1]);
         let stop = stop.clone();
@@ -207,7 +241,10 @@ async fn main() -> anyhow::Result<()> {
             let mut latencies = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let start = Instant::now();
-                let request = pb::MatchExternalKvPrefixRequest { hashes: big.clone(), max_blocks: 0 };
+                let request = pb::MatchExternalKvPrefixRequest {
+                    hashes: big.clone(),
+                    max_blocks: 0,
+                };
                 client.match_external_kv_prefix(request).await?;
                 latencies.push(start.elapsed().as_micros() as u64);
             }
@@ -251,7 +288,12 @@ async fn main() -> anyhow::Result<()> {
                         tally.best_prefix_sum += u64::from(answer.best_prefix_blocks);
                         tally.blocks_read_sum += u64::from(answer.blocks_read);
                     }
-                    Err(status) => *tally.codes.entry(format!("{:?}", status.code())).or_default() += 1,
+                    Err(status) => {
+                        *tally
+                            .codes
+                            .entry(format!("{:?}", status.code()))
+                            .or_default() += 1
+                    }
                 }
             }
             tally

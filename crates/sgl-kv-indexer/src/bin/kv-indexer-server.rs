@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use sgl_kv_indexer::{Args, Config, observe, server};
+use sgl_kv_indexer::{Args, Config, observe, server, signal};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -33,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
     {
         let stop = stop.clone();
         tasks.spawn(async move {
-            shutdown_signal().await;
+            signal::shutdown().await;
             info!("shutting down");
             stop.cancel();
             Ok(())
@@ -49,31 +49,4 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     result
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            warn!(%error, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
 }

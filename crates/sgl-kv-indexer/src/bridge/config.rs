@@ -1,0 +1,342 @@
+//! Bridge configuration: every variable of the contract's "Bridge contract", each also a flag.
+
+use std::time::Duration;
+
+use clap::Parser;
+use kv_index::{COMPONENT_FULL, COMPONENT_MAMBA, COMPONENT_SWA, CacheSpec, Tier};
+
+/// Follows one SGLang worker's KV event stream and applies it to the Indexer.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kv-indexer-bridge", version, about)]
+pub struct Args {
+    /// The worker's stable identity in the index (required).
+    #[arg(long, env = "KV_INDEXER_WORKER_ID")]
+    pub worker_id: String,
+    /// The router-facing worker URL sent with every batch.
+    #[arg(long, env = "KV_INDEXER_WORKER_ADDRESS", default_value = "")]
+    pub worker_address: String,
+    /// The Indexer's gRPC endpoint.
+    #[arg(
+        long,
+        env = "KV_INDEXER_ENDPOINT",
+        default_value = "http://[::1]:50051"
+    )]
+    pub endpoint: String,
+    /// The worker's ZMQ PUB endpoint.
+    #[arg(
+        long,
+        env = "SGLANG_KV_EVENT_ENDPOINT",
+        default_value = "tcp://127.0.0.1:5557"
+    )]
+    pub event_endpoint: String,
+    /// The topic the publisher sends on ("" = every message).
+    #[arg(long, env = "SGLANG_KV_EVENT_TOPIC", default_value = "")]
+    pub event_topic: String,
+    /// The publisher's replay ROUTER endpoint (replay off when unset).
+    #[arg(long, env = "SGLANG_KV_REPLAY_ENDPOINT")]
+    pub replay_endpoint: Option<String>,
+    /// Tiers cleared on AllBlocksCleared and when events were lost.
+    #[arg(long, env = "KV_INDEXER_CLEAR_TIERS", default_value = "HBM,DRAM,SSD", value_parser = parse_tiers)]
+    pub clear_tiers: TierList,
+    /// Cache components beyond FULL (`full,swa` or `full,mamba`); unset = legacy worker.
+    #[arg(long, env = "KV_INDEXER_CACHE_COMPONENTS", value_parser = parse_components)]
+    pub cache_components: Option<u32>,
+    /// SWA window in tokens (required with swa).
+    #[arg(long, env = "KV_INDEXER_SWA_WINDOW_TOKENS")]
+    pub swa_window_tokens: Option<u32>,
+    /// Tiers FULL may be served from.
+    #[arg(long, env = "KV_INDEXER_FULL_TIERS", default_value = "HBM,DRAM", value_parser = parse_tiers)]
+    pub full_tiers: TierList,
+    /// Tiers SWA may be served from.
+    #[arg(long, env = "KV_INDEXER_SWA_TIERS", default_value = "HBM,DRAM", value_parser = parse_tiers)]
+    pub swa_tiers: TierList,
+    /// Tiers MAMBA may be served from.
+    #[arg(long, env = "KV_INDEXER_MAMBA_TIERS", default_value = "HBM,DRAM", value_parser = parse_tiers)]
+    pub mamba_tiers: TierList,
+    /// The cache spec version sent.
+    #[arg(long, env = "KV_INDEXER_CACHE_SPEC_VERSION", default_value_t = 1)]
+    pub cache_spec_version: u32,
+    /// Batches held while the Indexer is unreachable; on overflow the queue is dropped and the
+    /// worker cleared once connected.
+    #[arg(long, env = "KV_INDEXER_BRIDGE_QUEUE_BATCHES", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub queue_batches: u32,
+    /// An empty-actions apply at this interval keeps the worker's address and spec current (0 = off).
+    #[arg(long, env = "KV_INDEXER_HEARTBEAT_MS", default_value_t = 5_000)]
+    pub heartbeat_ms: u64,
+    /// Admin HTTP address serving Prometheus metrics on /metrics (off when unset).
+    #[arg(long, env = "KV_INDEXER_BRIDGE_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// A list of tiers from `HBM|GPU`, `DRAM|CPU|CPU_PINNED`, `SSD|DISK`, comma-separated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierList(pub Vec<Tier>);
+
+impl TierList {
+    /// The tier bitmask of a `WorkerCacheSpec` (`1 << TierType` per tier).
+    pub fn mask(&self) -> u32 {
+        self.0.iter().fold(0, |mask, tier| mask | tier.mask_bit())
+    }
+}
+
+fn parse_tiers(value: &str) -> Result<TierList, String> {
+    let mut tiers = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let tier = match name.to_ascii_uppercase().as_str() {
+            "HBM" | "GPU" => Tier::Hbm,
+            "DRAM" | "CPU" | "CPU_PINNED" => Tier::Dram,
+            "SSD" | "DISK" => Tier::Ssd,
+            _ => {
+                return Err(format!(
+                    "unknown tier {name:?} (use HBM|GPU, DRAM|CPU|CPU_PINNED, SSD|DISK)"
+                ));
+            }
+        };
+        if !tiers.contains(&tier) {
+            tiers.push(tier);
+        }
+    }
+    Ok(TierList(tiers))
+}
+
+fn parse_components(value: &str) -> Result<u32, String> {
+    let mut components = COMPONENT_FULL;
+    for name in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        components |= match name.to_ascii_lowercase().as_str() {
+            "full" => COMPONENT_FULL,
+            "swa" => COMPONENT_SWA,
+            "mamba" => COMPONENT_MAMBA,
+            _ => return Err(format!("unknown component {name:?} (use full, swa, mamba)")),
+        };
+    }
+    if components & COMPONENT_SWA != 0 && components & COMPONENT_MAMBA != 0 {
+        return Err(
+            "swa and mamba together are not a supported cache (use full,swa or full,mamba)".into(),
+        );
+    }
+    Ok(components)
+}
+
+/// The validated settings the bridge runs with.
+#[derive(Debug, Clone)]
+pub struct BridgeConfig {
+    pub worker_id: String,
+    pub worker_address: String,
+    pub endpoint: String,
+    pub event_endpoint: String,
+    pub event_topic: String,
+    pub replay_endpoint: Option<String>,
+    pub clear_tiers: Vec<Tier>,
+    /// `None` = legacy worker (which also clears any spec stored before).
+    pub cache_spec: Option<CacheSpec>,
+    pub queue_batches: usize,
+    pub heartbeat: Option<Duration>,
+    /// How long to wait for each replay reply before giving up on the replay.
+    pub replay_timeout: Duration,
+}
+
+impl BridgeConfig {
+    /// Checks the settings that clap cannot check alone, naming the variable at fault.
+    pub fn from_args(args: Args) -> Result<BridgeConfig, String> {
+        if args.worker_id.trim().is_empty() {
+            return Err("KV_INDEXER_WORKER_ID (--worker-id) must not be empty".into());
+        }
+        if !(args.endpoint.starts_with("http://") || args.endpoint.starts_with("https://")) {
+            return Err(format!(
+                "KV_INDEXER_ENDPOINT (--endpoint) {:?} must be an http:// or https:// URL",
+                args.endpoint
+            ));
+        }
+        tonic::transport::Endpoint::from_shared(args.endpoint.clone()).map_err(|error| {
+            format!(
+                "KV_INDEXER_ENDPOINT (--endpoint) {:?}: {error}",
+                args.endpoint
+            )
+        })?;
+        check_zmq_endpoint(
+            "SGLANG_KV_EVENT_ENDPOINT (--event-endpoint)",
+            &args.event_endpoint,
+        )?;
+        if let Some(replay) = &args.replay_endpoint {
+            check_zmq_endpoint("SGLANG_KV_REPLAY_ENDPOINT (--replay-endpoint)", replay)?;
+        }
+        let cache_spec = match args.cache_components {
+            None => None,
+            Some(components) => {
+                let swa_window_tokens = match (
+                    components & COMPONENT_SWA != 0,
+                    args.swa_window_tokens,
+                ) {
+                    (true, Some(0) | None) => {
+                        return Err("KV_INDEXER_SWA_WINDOW_TOKENS (--swa-window-tokens) must be set above 0 with swa".into());
+                    }
+                    (true, Some(window)) => window,
+                    (false, _) => 0,
+                };
+                Some(CacheSpec {
+                    version: args.cache_spec_version,
+                    components,
+                    swa_window_tokens,
+                    full_tier_mask: args.full_tiers.mask(),
+                    swa_tier_mask: args.swa_tiers.mask(),
+                    mamba_tier_mask: args.mamba_tiers.mask(),
+                })
+            }
+        };
+        if args.cache_spec_version > 1 {
+            return Err(format!(
+                "KV_INDEXER_CACHE_SPEC_VERSION (--cache-spec-version) {} is not supported (0 or 1)",
+                args.cache_spec_version
+            ));
+        }
+        Ok(BridgeConfig {
+            worker_id: args.worker_id,
+            worker_address: args.worker_address,
+            endpoint: args.endpoint,
+            event_endpoint: args.event_endpoint,
+            event_topic: args.event_topic,
+            replay_endpoint: args.replay_endpoint,
+            clear_tiers: args.clear_tiers.0,
+            cache_spec,
+            queue_batches: args.queue_batches as usize,
+            heartbeat: (args.heartbeat_ms > 0).then(|| Duration::from_millis(args.heartbeat_ms)),
+            replay_timeout: Duration::from_secs(2),
+        })
+    }
+}
+
+fn check_zmq_endpoint(name: &str, endpoint: &str) -> Result<(), String> {
+    let Some(rest) = endpoint.strip_prefix("tcp://") else {
+        return Err(format!(
+            "{name} {endpoint:?} must be a tcp://host:port endpoint"
+        ));
+    };
+    let port_ok = rest
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if !port_ok || rest.contains('*') {
+        return Err(format!(
+            "{name} {endpoint:?} must be a tcp://host:port endpoint to connect to"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(argv: &[&str]) -> Result<BridgeConfig, String> {
+        let mut full = vec!["kv-indexer-bridge"];
+        full.extend_from_slice(argv);
+        let args = Args::try_parse_from(full).map_err(|e| e.to_string())?;
+        BridgeConfig::from_args(args)
+    }
+
+    fn check_err(argv: &[&str], needle: &str) {
+        match config(argv) {
+            Ok(config) => panic!("{argv:?} was accepted: {config:?}"),
+            Err(error) => assert!(error.contains(needle), "{error:?} does not name {needle:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_make_a_legacy_worker_clearing_every_tier() {
+        let config = config(&["--worker-id", "w"]).unwrap();
+        assert_eq!(config.cache_spec, None);
+        assert_eq!(config.clear_tiers, [Tier::Hbm, Tier::Dram, Tier::Ssd]);
+        assert_eq!(config.endpoint, "http://[::1]:50051");
+        assert_eq!(config.queue_batches, 10_000);
+        assert!(config.replay_endpoint.is_none());
+    }
+
+    #[test]
+    fn builds_a_swa_spec_with_tier_masks() {
+        let config = config(&[
+            "--worker-id",
+            "w",
+            "--cache-components",
+            "full,swa",
+            "--swa-window-tokens",
+            "4096",
+            "--swa-tiers",
+            "GPU",
+            "--full-tiers",
+            "hbm,cpu_pinned",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.cache_spec,
+            Some(CacheSpec {
+                version: 1,
+                components: COMPONENT_FULL | COMPONENT_SWA,
+                swa_window_tokens: 4096,
+                full_tier_mask: 2 | 4,
+                swa_tier_mask: 2,
+                mamba_tier_mask: 2 | 4,
+            })
+        );
+    }
+
+    #[test]
+    fn full_is_implied_by_mamba() {
+        let config = config(&["--worker-id", "w", "--cache-components", "mamba"]).unwrap();
+        assert_eq!(
+            config.cache_spec.unwrap().components,
+            COMPONENT_FULL | COMPONENT_MAMBA
+        );
+    }
+
+    #[test]
+    fn rejects_bad_values_naming_the_variable() {
+        check_err(&[], "--worker-id");
+        check_err(&["--worker-id", " "], "KV_INDEXER_WORKER_ID");
+        check_err(
+            &["--worker-id", "w", "--clear-tiers", "HBM,TAPE"],
+            "--clear-tiers",
+        );
+        check_err(
+            &["--worker-id", "w", "--cache-components", "full,lru"],
+            "--cache-components",
+        );
+        check_err(
+            &["--worker-id", "w", "--cache-components", "full,swa"],
+            "KV_INDEXER_SWA_WINDOW_TOKENS",
+        );
+        check_err(
+            &[
+                "--worker-id",
+                "w",
+                "--cache-components",
+                "full,swa",
+                "--swa-window-tokens",
+                "0",
+            ],
+            "KV_INDEXER_SWA_WINDOW_TOKENS",
+        );
+        check_err(
+            &["--worker-id", "w", "--endpoint", "[::1]:50051"],
+            "KV_INDEXER_ENDPOINT",
+        );
+        check_err(
+            &["--worker-id", "w", "--event-endpoint", "tcp://*:5557"],
+            "SGLANG_KV_EVENT_ENDPOINT",
+        );
+        check_err(
+            &["--worker-id", "w", "--replay-endpoint", "ipc:///x"],
+            "SGLANG_KV_REPLAY_ENDPOINT",
+        );
+        check_err(
+            &["--worker-id", "w", "--cache-spec-version", "2"],
+            "KV_INDEXER_CACHE_SPEC_VERSION",
+        );
+        check_err(
+            &["--worker-id", "w", "--queue-batches", "0"],
+            "--queue-batches",
+        );
+        check_err(
+            &["--worker-id", "w", "--heartbeat-ms", "soon"],
+            "--heartbeat-ms",
+        );
+    }
+}

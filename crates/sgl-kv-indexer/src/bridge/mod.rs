@@ -1,0 +1,269 @@
+//! `kv-indexer-bridge`: follows one SGLang worker's KV event stream (ZMQ SUB), decodes and maps
+//! each batch to ordered apply RPCs, and delivers them to the Indexer.
+//!
+//! - [`config`]: variables and flags of the contract's "Bridge contract";
+//! - [`sequence`]: gap and restart detection;
+//! - [`replay`]: fetching lost batches from the publisher's replay ROUTER;
+//! - [`outbox`]: the bounded queue (overflow → clear the worker);
+//! - [`sender`]: in-order delivery with backoff, permanent errors stop the bridge;
+//! - [`stats`]: counters and metrics.
+//!
+//! Decoding, mapping and splitting are pure and live in the `kv-events` crate.
+//!
+//! When events are lost and cannot be replayed (no replay endpoint, a failed or evicted replay,
+//! a publisher restart, a queue overflow, start-up), the bridge clears the worker's tiers before
+//! going on: the index may under-claim, never over-claim.
+
+pub mod config;
+pub mod outbox;
+pub mod replay;
+pub mod sender;
+pub mod sequence;
+pub mod stats;
+
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kv_events::frames::parse_live;
+use kv_events::{decode_batch, map_events, split};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket};
+
+use self::config::BridgeConfig;
+use self::outbox::{ClearReason, Item, Outbox};
+use self::sender::Sender;
+use self::sequence::{SeqCheck, SeqTracker};
+use self::stats::Stats;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BridgeError {
+    #[error("bad setting: {0}")]
+    Config(String),
+    #[error(
+        "the indexer rejected a batch with {code:?} ({message}): a bug or a misconfiguration, not retrying"
+    )]
+    Permanent { code: tonic::Code, message: String },
+    #[error("zmq subscriber failed")]
+    Zmq(#[source] zeromq::ZmqError),
+    #[error("the sender task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// Replayed batches remembered to tell a duplicate live batch from a publisher restart.
+const REMEMBERED_REPLAYS: usize = 100_000;
+
+/// Runs the bridge until `stop` is cancelled or a permanent error.
+pub async fn run(
+    config: BridgeConfig,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) -> Result<(), BridgeError> {
+    let outbox = Arc::new(Outbox::new(config.queue_batches));
+    let sender = Sender::new(&config, outbox.clone(), stats.clone())?;
+    let sender_stop = stop.child_token();
+    let mut sender_task = tokio::spawn(sender.run(sender_stop.clone()));
+    let mut stream = Stream {
+        config,
+        outbox,
+        stats,
+        tracker: SeqTracker::default(),
+        replayed: VecDeque::new(),
+    };
+    let result = tokio::select! {
+        joined = &mut sender_task => return joined.map_err(BridgeError::Task)?,
+        result = stream.run(&stop) => result,
+    };
+    sender_stop.cancel();
+    sender_task.await.map_err(BridgeError::Task)??;
+    result
+}
+
+struct Stream {
+    config: BridgeConfig,
+    outbox: Arc<Outbox>,
+    stats: Arc<Stats>,
+    tracker: SeqTracker,
+    /// `(seq, payload hash)` of recently replayed batches.
+    replayed: VecDeque<(u64, u64)>,
+}
+
+fn payload_hash(payload: &[u8]) -> u64 {
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(payload)
+}
+
+impl Stream {
+    async fn run(&mut self, stop: &CancellationToken) -> Result<(), BridgeError> {
+        let mut options = SocketOptions::default();
+        options.no_connect_timeout();
+        let mut sub = SubSocket::with_options(options);
+        sub.subscribe(&self.config.event_topic)
+            .await
+            .map_err(BridgeError::Zmq)?;
+        info!(endpoint = %self.config.event_endpoint, topic = %self.config.event_topic, "connecting to the publisher");
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            connected = sub.connect(&self.config.event_endpoint) => connected.map_err(BridgeError::Zmq)?,
+        }
+        info!(endpoint = %self.config.event_endpoint, "subscribed");
+        self.startup().await;
+
+        let mut failures = 0u32;
+        loop {
+            let message = tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                message = sub.recv() => message,
+            };
+            match message {
+                Ok(message) => {
+                    failures = 0;
+                    self.live(message.into_vec()).await;
+                }
+                Err(error) => {
+                    // A publisher going away surfaces here; the socket reconnects by itself.
+                    failures = failures.saturating_add(1);
+                    debug!(%error, "subscriber receive failed");
+                    tokio::time::sleep(Duration::from_millis(u64::from(failures.min(100)))).await;
+                }
+            }
+        }
+    }
+
+    /// On start-up the index may hold what this worker dropped while no bridge was following
+    /// it: replay from 0 when possible, else clear.
+    async fn startup(&mut self) {
+        if self.config.replay_endpoint.is_none() {
+            info!("no replay endpoint: clearing the worker before following the live stream");
+            self.clear(ClearReason::Startup);
+            return;
+        }
+        self.recover(0, u64::MAX, ClearReason::Startup).await;
+    }
+
+    async fn live(&mut self, frames: Vec<Bytes>) {
+        let message = match parse_live(&frames) {
+            Ok(message) => message,
+            Err(error) => {
+                if let Some(total) = self.stats.batch_skipped("frames") {
+                    warn!(%error, total, "skipping a malformed message");
+                }
+                return;
+            }
+        };
+        if let Some(topic) = message.topic
+            && !self.config.event_topic.is_empty()
+            && topic != self.config.event_topic.as_bytes()
+        {
+            if let Some(total) = self.stats.batch_skipped("topic") {
+                warn!(total, "skipping a message for another topic");
+            }
+            return;
+        }
+        let (seq, payload) = (message.seq, message.payload);
+        match self.tracker.check(seq) {
+            SeqCheck::InOrder => {}
+            SeqCheck::Gap { expected, got } => {
+                self.stats.gap();
+                warn!(expected, got, lost = got - expected, "sequence gap");
+                self.recover(expected, got, ClearReason::Gap).await;
+            }
+            SeqCheck::Backwards { expected, got } => {
+                if self.replayed.contains(&(seq, payload_hash(payload))) {
+                    debug!(seq, "dropping a live batch already replayed");
+                    self.tracker.advance_to(expected - 1);
+                    return;
+                }
+                warn!(
+                    expected,
+                    got, "sequence went backwards: the publisher restarted"
+                );
+                self.replayed.clear();
+                self.clear(ClearReason::Restart);
+                if got > 0 && self.config.replay_endpoint.is_some() {
+                    self.recover(0, got, ClearReason::Restart).await;
+                }
+            }
+        }
+        self.process(seq, payload);
+    }
+
+    /// Replays batches `from..until` when a replay endpoint is set; clears the worker when the
+    /// replay is off, fails, or starts later than asked.
+    async fn recover(&mut self, from: u64, until: u64, reason: ClearReason) {
+        let Some(endpoint) = self.config.replay_endpoint.clone() else {
+            self.clear(reason);
+            return;
+        };
+        match replay::fetch(&endpoint, from, self.config.replay_timeout).await {
+            Ok(batches) => {
+                let first = batches.first().map(|(seq, _)| *seq);
+                if first == Some(from) {
+                    self.stats.replay("ok");
+                    info!(from, batches = batches.len(), "replayed lost batches");
+                } else {
+                    self.stats.replay("evicted");
+                    warn!(asked = from, first = ?first, "replay starts later than asked: events were lost");
+                    self.clear(reason);
+                }
+                for (seq, payload) in batches.into_iter().filter(|(seq, _)| *seq < until) {
+                    if self.replayed.len() == REMEMBERED_REPLAYS {
+                        self.replayed.pop_front();
+                    }
+                    self.replayed.push_back((seq, payload_hash(&payload)));
+                    if until == u64::MAX {
+                        self.tracker.advance_to(seq);
+                    }
+                    self.process(seq, &payload);
+                }
+            }
+            Err(error) => {
+                self.stats.replay("failed");
+                warn!(%error, from, "replay failed: events were lost");
+                self.clear(reason);
+            }
+        }
+    }
+
+    fn clear(&mut self, reason: ClearReason) {
+        self.stats.clear(reason.label());
+        self.enqueue(Item::Clear { reason });
+    }
+
+    fn process(&mut self, seq: u64, payload: &[u8]) {
+        let batch = match decode_batch(payload) {
+            Ok(batch) => batch,
+            Err(error) => {
+                if let Some(total) = self.stats.batch_skipped("msgpack") {
+                    warn!(%error, seq, total, "skipping a malformed batch");
+                }
+                return;
+            }
+        };
+        for skipped in &batch.skipped {
+            if let Some(total) = self.stats.event_skipped(skipped.reason()) {
+                warn!(error = %skipped, seq, total, "skipping a malformed event");
+            }
+        }
+        self.stats.batch(batch.events.len());
+        let rpcs = split(map_events(&batch.events, &self.config.clear_tiers));
+        if !rpcs.is_empty() {
+            self.enqueue(Item::Batch { seq, rpcs });
+        }
+    }
+
+    fn enqueue(&mut self, item: Item) {
+        let dropped = self.outbox.push(item);
+        if dropped > 0 {
+            self.stats.clear(ClearReason::Overflow.label());
+            warn!(
+                dropped,
+                capacity = self.config.queue_batches,
+                "queue overflowed while the indexer was away: dropped it, the worker will be cleared"
+            );
+        }
+        self.stats.set_queue_depth(self.outbox.len());
+    }
+}

@@ -1,0 +1,256 @@
+//! Delivers queued items to the Indexer in order, retrying transient failures with backoff and
+//! stopping on permanent ones.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_events::Action;
+use kv_index::{ActionKind, CacheSpec, Tier};
+use kv_indexer_proto::MAX_MESSAGE_BYTES;
+use kv_indexer_proto::v1 as pb;
+use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{info, warn};
+
+use super::BridgeError;
+use super::config::BridgeConfig;
+use super::outbox::{Item, Outbox};
+use super::stats::Stats;
+
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
+pub const BACKOFF_START: Duration = Duration::from_millis(500);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// Status codes that mean a bug or a misconfiguration: retrying cannot help.
+pub fn is_permanent(code: Code) -> bool {
+    matches!(
+        code,
+        Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::OutOfRange
+            | Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::Unimplemented
+            | Code::DataLoss
+    )
+}
+
+/// What every request of this worker carries.
+#[derive(Debug, Clone)]
+struct Identity {
+    worker_id: String,
+    worker_address: String,
+    cache_spec: Option<CacheSpec>,
+    clear_tiers: Vec<Tier>,
+}
+
+impl Identity {
+    fn request(&self, seq: u64, actions: Vec<Action>) -> pb::ApplyExternalKvBatchRequest {
+        pb::ApplyExternalKvBatchRequest {
+            worker_id: self.worker_id.clone(),
+            seq,
+            actions: actions.into_iter().map(action).collect(),
+            worker_address: self.worker_address.clone(),
+            cache_spec: self.cache_spec.map(|spec| pb::WorkerCacheSpec {
+                version: spec.version,
+                components: spec.components,
+                swa_window_tokens: spec.swa_window_tokens,
+                full_tier_mask: spec.full_tier_mask,
+                swa_tier_mask: spec.swa_tier_mask,
+                mamba_tier_mask: spec.mamba_tier_mask,
+            }),
+        }
+    }
+
+    fn clear_actions(&self) -> Vec<Action> {
+        self.clear_tiers
+            .iter()
+            .map(|&tier| Action {
+                kind: ActionKind::ClearAllAtTier,
+                tier,
+                hashes: Vec::new(),
+                component_masks: Vec::new(),
+                block_sizes: Vec::new(),
+                parent_block_hash: None,
+            })
+            .collect()
+    }
+}
+
+fn action(action: Action) -> pb::ExternalKvAction {
+    let kind = match action.kind {
+        ActionKind::Report => pb::ExternalKvActionType::ActionReport,
+        ActionKind::Revoke => pb::ExternalKvActionType::ActionRevoke,
+        ActionKind::ClearAllAtTier => pb::ExternalKvActionType::ActionClearAllAtTier,
+    };
+    pb::ExternalKvAction {
+        r#type: kind as i32,
+        tier: action.tier.wire(),
+        hashes: action.hashes,
+        component_masks: action.component_masks,
+        block_sizes: action.block_sizes,
+        parent_block_hash: action.parent_block_hash,
+    }
+}
+
+pub struct Sender {
+    client: KvIndexerClient<Channel>,
+    identity: Identity,
+    outbox: Arc<Outbox>,
+    stats: Arc<Stats>,
+    heartbeat: Option<Duration>,
+    last_seq: u64,
+}
+
+impl Sender {
+    pub fn new(
+        config: &BridgeConfig,
+        outbox: Arc<Outbox>,
+        stats: Arc<Stats>,
+    ) -> Result<Sender, BridgeError> {
+        let endpoint = Endpoint::from_shared(config.endpoint.clone())
+            .map_err(|error| {
+                BridgeError::Config(format!(
+                    "KV_INDEXER_ENDPOINT {:?}: {error}",
+                    config.endpoint
+                ))
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(CALL_DEADLINE)
+            .tcp_nodelay(true);
+        let client = KvIndexerClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Sender {
+            client,
+            identity: Identity {
+                worker_id: config.worker_id.clone(),
+                worker_address: config.worker_address.clone(),
+                cache_spec: config.cache_spec,
+                clear_tiers: config.clear_tiers.clone(),
+            },
+            outbox,
+            stats,
+            heartbeat: config.heartbeat,
+            last_seq: 0,
+        })
+    }
+
+    /// Delivers items until `stop` is cancelled, or fails on a permanent error.
+    pub async fn run(mut self, stop: CancellationToken) -> Result<(), BridgeError> {
+        loop {
+            let heartbeat = async {
+                match self.heartbeat {
+                    Some(every) => tokio::time::sleep(every).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let item = tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                item = self.outbox.pop() => Some(item),
+                () = heartbeat => None,
+            };
+            self.stats.set_queue_depth(self.outbox.len());
+            let requests = match item {
+                Some(Item::Batch { seq, rpcs }) => {
+                    self.last_seq = seq;
+                    rpcs.into_iter()
+                        .map(|rpc| self.identity.request(seq, rpc))
+                        .collect()
+                }
+                Some(Item::Clear { reason }) => {
+                    info!(reason = reason.label(), tiers = ?self.identity.clear_tiers, "clearing the worker in the index");
+                    vec![
+                        self.identity
+                            .request(self.last_seq, self.identity.clear_actions()),
+                    ]
+                }
+                None => vec![self.identity.request(self.last_seq, Vec::new())],
+            };
+            for request in requests {
+                if !self.deliver(request, &stop).await? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Sends one request until it is applied; `Ok(false)` when stopped first.
+    async fn deliver(
+        &mut self,
+        request: pb::ApplyExternalKvBatchRequest,
+        stop: &CancellationToken,
+    ) -> Result<bool, BridgeError> {
+        let mut backoff = BACKOFF_START;
+        loop {
+            let call = self.client.apply_external_kv_batch(request.clone());
+            let result = tokio::select! {
+                () = stop.cancelled() => return Ok(false),
+                result = call => result,
+            };
+            match result {
+                Ok(_) => {
+                    self.stats.rpc(Code::Ok);
+                    return Ok(true);
+                }
+                Err(status) => {
+                    self.stats.rpc(status.code());
+                    if is_permanent(status.code()) {
+                        return Err(BridgeError::Permanent {
+                            code: status.code(),
+                            message: status.message().to_string(),
+                        });
+                    }
+                    if let Some(total) = self.stats.retry() {
+                        warn!(total, code = ?status.code(), message = status.message(), retry_in_ms = backoff.as_millis() as u64, "indexer unavailable; retrying");
+                    }
+                    tokio::select! {
+                        () = stop.cancelled() => return Ok(false),
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_the_contracts_permanent_codes() {
+        let permanent = [
+            Code::InvalidArgument,
+            Code::FailedPrecondition,
+            Code::NotFound,
+            Code::AlreadyExists,
+            Code::OutOfRange,
+            Code::Unauthenticated,
+            Code::PermissionDenied,
+            Code::Unimplemented,
+            Code::DataLoss,
+        ];
+        let transient = [
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Cancelled,
+            Code::ResourceExhausted,
+            Code::Internal,
+            Code::Unknown,
+            Code::Aborted,
+        ];
+        for code in permanent {
+            assert!(is_permanent(code), "{code:?} must be permanent");
+        }
+        for code in transient {
+            assert!(!is_permanent(code), "{code:?} must be retried");
+        }
+    }
+}
