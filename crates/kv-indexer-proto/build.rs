@@ -12,7 +12,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let fds = protox::compile([&proto], [&proto_dir])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(out_dir.join("kv_indexer_descriptor.bin"), fds.encode_to_vec())?;
+    std::fs::write(
+        out_dir.join("kv_indexer_descriptor.bin"),
+        fds.encode_to_vec(),
+    )?;
 
     tonic_prost_build::configure()
         .build_client(true)
