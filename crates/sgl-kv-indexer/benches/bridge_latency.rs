@@ -25,12 +25,18 @@ fn batch(hashes: &[i64]) -> Vec<u8> {
 
 async fn publish(socket: &mut PubSocket, frames: Vec<Vec<u8>>) {
     let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
-    socket.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+    socket
+        .send(ZmqMessage::try_from(frames).unwrap())
+        .await
+        .unwrap();
 }
 
 async fn visible(client: &mut KvIndexerClient<tonic::transport::Channel>, hash: i64) -> bool {
     let answer = client
-        .match_external_kv(pb::MatchExternalKvRequest { hashes: vec![hash], count_as_hit: false })
+        .match_external_kv(pb::MatchExternalKvRequest {
+            hashes: vec![hash],
+            count_as_hit: false,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -44,7 +50,10 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let samples = args.first().copied().unwrap_or(2_000);
     let burst = args.get(1).copied().unwrap_or(20_000);
     let per_batch = args.get(2).copied().unwrap_or(64);
@@ -52,22 +61,44 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    tokio::spawn(server::run(listener, server::shared(&Config::default()), stop.clone().cancelled_owned()));
+    tokio::spawn(server::run(
+        listener,
+        server::shared(&Config::default()),
+        stop.clone().cancelled_owned(),
+    ));
 
     let mut publisher = PubSocket::new();
-    let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let endpoint = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
     let argv = [
-        "kv-indexer-bridge", "--worker-id", "w", "--worker-address", "http://w", "--endpoint",
-        &format!("http://{addr}"), "--event-endpoint", &endpoint, "--event-topic", "kv-events",
+        "kv-indexer-bridge",
+        "--worker-id",
+        "w",
+        "--worker-address",
+        "http://w",
+        "--endpoint",
+        &format!("http://{addr}"),
+        "--event-endpoint",
+        &endpoint,
+        "--event-topic",
+        "kv-events",
     ];
-    let config = BridgeConfig::from_args(<Args as clap::Parser>::try_parse_from(argv).unwrap()).unwrap();
+    let config =
+        BridgeConfig::from_args(<Args as clap::Parser>::try_parse_from(argv).unwrap()).unwrap();
     let stats = Arc::new(Stats::default());
     tokio::spawn(bridge::run(config, stats.clone(), stop.clone()));
     while Stats::get(&stats.frames_malformed) == 0 {
         publish(&mut publisher, vec![b"kv-events".to_vec()]).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut client = KvIndexerClient::new(channel);
 
     let mut seq = 0u64;
@@ -76,7 +107,11 @@ async fn main() {
         let hash = i as i64 + 1;
         let payload = batch(&[hash]);
         let start = Instant::now();
-        publish(&mut publisher, vec![b"kv-events".to_vec(), seq.to_be_bytes().to_vec(), payload]).await;
+        publish(
+            &mut publisher,
+            vec![b"kv-events".to_vec(), seq.to_be_bytes().to_vec(), payload],
+        )
+        .await;
         seq += 1;
         while !visible(&mut client, hash).await {}
         latencies.push(start.elapsed().as_micros() as u64);
@@ -92,8 +127,18 @@ async fn main() {
     let base = 1i64 << 40;
     let start = Instant::now();
     for b in 0..burst {
-        let hashes: Vec<i64> = (0..per_batch as i64).map(|j| base + (b * per_batch) as i64 + j).collect();
-        publish(&mut publisher, vec![b"kv-events".to_vec(), seq.to_be_bytes().to_vec(), batch(&hashes)]).await;
+        let hashes: Vec<i64> = (0..per_batch as i64)
+            .map(|j| base + (b * per_batch) as i64 + j)
+            .collect();
+        publish(
+            &mut publisher,
+            vec![
+                b"kv-events".to_vec(),
+                seq.to_be_bytes().to_vec(),
+                batch(&hashes),
+            ],
+        )
+        .await;
         seq += 1;
     }
     let last = base + (burst * per_batch) as i64 - 1;

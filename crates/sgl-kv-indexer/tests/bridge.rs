@@ -345,10 +345,7 @@ type ReplayBuffer = Arc<parking_lot::Mutex<Vec<(u64, Vec<u8>)>>>;
 
 /// A replay ROUTER answering from `buffer` as SGLang's does: every batch with seq ≥ start, then
 /// the end marker.
-fn replay_router(
-    listener: std::net::TcpListener,
-    buffer: ReplayBuffer,
-) -> JoinHandle<()> {
+fn replay_router(listener: std::net::TcpListener, buffer: ReplayBuffer) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut router = RouterSocket::new();
         router.bind_listener(listener).await.unwrap();
