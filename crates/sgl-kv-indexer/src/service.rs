@@ -58,6 +58,13 @@ impl Shared {
         self.index.read_recursive().stats()
     }
 
+    /// Holds the index's write lock until the guard is dropped: queries and applies wait, while
+    /// admission and deadline checks go on. For maintenance (a consistent snapshot) and for
+    /// tests that need queries held in flight.
+    pub fn lock_index(&self) -> parking_lot::RwLockWriteGuard<'_, Index> {
+        self.index.write()
+    }
+
     /// Prefix queries executing now.
     pub fn prefix_queries_in_flight(&self) -> usize {
         self.limit - self.admission.available_permits()

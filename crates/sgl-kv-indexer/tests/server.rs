@@ -380,55 +380,56 @@ async fn rejects_the_query_over_the_inflight_bound_at_once() {
     })
     .await;
     let mut client = server.client();
-    let hashes = long_scan_setup(&mut client, 1_000_000).await;
+    // Long enough to run on the blocking pool, where an admitted query waits for the index.
+    let hashes = long_scan_setup(&mut client, 5_000).await;
 
-    // Keep two long scans in flight until the third query has its answer.
-    let stop = CancellationToken::new();
-    let mut holders = Vec::new();
+    // Hold the index so that admitted queries stay in flight.
+    let (locked, wait_locked) = std::sync::mpsc::channel();
+    let (release, wait_release) = std::sync::mpsc::channel::<()>();
+    let shared = server.shared.clone();
+    let holder = std::thread::spawn(move || {
+        let _index = shared.lock_index();
+        locked.send(()).unwrap();
+        let _ = wait_release.recv();
+    });
+    wait_locked.recv().unwrap();
+    let mut admitted = Vec::new();
     for _ in 0..2 {
         let mut client = server.client();
         let hashes = hashes.clone();
-        let stop = stop.clone();
-        holders.push(tokio::spawn(async move {
-            let mut answered = 0;
-            while !stop.is_cancelled() {
-                match client
-                    .match_external_kv_prefix(prefix(hashes.clone()))
-                    .await
-                {
-                    Ok(_) => answered += 1,
-                    Err(status) => assert_eq!(status.code(), Code::ResourceExhausted),
-                }
-            }
-            answered
+        admitted.push(tokio::spawn(async move {
+            client.match_external_kv_prefix(prefix(hashes)).await
         }));
     }
-    let mut rejected = None;
-    for _ in 0..10_000 {
-        if server.shared.prefix_queries_in_flight() < 2 {
-            tokio::task::yield_now().await;
-            continue;
-        }
-        match client.match_external_kv_prefix(prefix(vec![0, 1])).await {
-            Err(status) => {
-                rejected = Some(status);
-                break;
-            }
-            Ok(_) => continue,
-        }
+    let start = std::time::Instant::now();
+    while server.shared.prefix_queries_in_flight() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the two queries were never admitted"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    stop.cancel();
-    for holder in holders {
-        holder.await.unwrap();
-    }
-    let status = rejected.expect("a query over the bound was never rejected");
+    let third = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.match_external_kv_prefix(prefix(hashes.clone())),
+    )
+    .await
+    .expect("the query over the bound was queued instead of rejected at once");
+    release.send(()).unwrap();
+    holder.join().unwrap();
+
+    let status = third.expect_err("the query over the bound must be rejected");
     assert_eq!(
         status.code(),
         Code::ResourceExhausted,
         "{}",
         status.message()
     );
-    assert!(server.shared.shed_and_rejected().1 >= 1);
+    assert_eq!(server.shared.shed_and_rejected().1, 1);
+    for query in admitted {
+        let answer = query.await.unwrap().unwrap().into_inner();
+        assert_eq!(answer.best_prefix_blocks, 5_000);
+    }
 }
 
 fn with_timeout<T>(message: T, grpc_timeout: &str) -> Request<T> {
