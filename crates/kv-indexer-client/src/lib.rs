@@ -1,7 +1,27 @@
-//! The router side of the KV Indexer.
+//! The router side of the KV Indexer: what a router needs to ask the Indexer where a prompt's
+//! KV cache lives, with the semantics of `docs/router-contract.md`.
 //!
 //! - [`hashing`]: SGLang's block hashes from token ids (SHA-256 chain, bigrams, salts).
+//! - [`tokenize`]: a deterministic word tokenizer for tools and simulations.
+//! - [`endpoint`]: the endpoint list (`http://`, `https://`, `unix:`; replicas in order),
+//!   rejected at start-up when it can never be dialed.
+//! - [`client`]: [`IndexerClient`], lazily connected, with the local admission bound, the
+//!   deadline (sent and enforced), replica fail-over and long-prompt truncation.
+//! - [`outcome`]: [`PrefixOutcome`] and the lookup answers; the one place that turns wire
+//!   answers and status codes into them.
 
+pub mod client;
+pub mod endpoint;
 pub mod hashing;
+pub mod outcome;
+pub mod throttle;
+pub mod tokenize;
 
+pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES};
+pub use endpoint::{Endpoint, EndpointError};
 pub use hashing::{HashConfig, block_hashes};
+pub use outcome::{
+    HitCount, NodeMatch, PrefixMatch, PrefixOutcome, QueryError, Tier, TierPlacements,
+};
+pub use tokenize::simple_tokenize;
+pub use tonic::Code;

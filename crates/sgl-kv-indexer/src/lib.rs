@@ -10,7 +10,6 @@
 //! - [`error`]: every error and its status code;
 //! - [`observe`]: Prometheus metrics and their admin endpoint;
 //! - [`signal`]: SIGINT/SIGTERM for graceful shutdown;
-//! - [`throttle`]: log throttling at doubling totals.
 
 pub mod bridge;
 pub mod config;
@@ -21,7 +20,6 @@ pub mod observe;
 pub mod server;
 pub mod service;
 pub mod signal;
-pub mod throttle;
 
 pub use config::{Args, Config};
 pub use server::run;

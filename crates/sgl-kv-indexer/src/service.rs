@@ -25,7 +25,7 @@ use crate::convert;
 use crate::deadline::{Arrival, deadline};
 use crate::error::ServerError;
 use crate::observe;
-use crate::throttle::DoublingLog;
+use kv_indexer_client::throttle::DoublingLog;
 
 /// Prefix queries longer than this run on the blocking pool instead of an async worker.
 const INLINE_PREFIX_HASHES: usize = 4096;

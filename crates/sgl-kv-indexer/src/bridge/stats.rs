@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::throttle::DoublingLog;
+use kv_indexer_client::throttle::DoublingLog;
 
 #[derive(Debug, Default)]
 pub struct Stats {

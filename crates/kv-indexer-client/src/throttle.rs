@@ -1,5 +1,6 @@
 //! Log throttling: a class of event is logged when its total reaches 1, 2, 4, 8, …, so the
-//! first occurrence is visible and a sustained stream does not flood the logs.
+//! first occurrence is visible and a sustained stream does not flood the logs. Shared by the
+//! server, the bridge and the router.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

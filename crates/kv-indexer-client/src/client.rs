@@ -1,0 +1,271 @@
+//! [`IndexerClient`]: the router's connection to the Indexer, with the router contract's
+//! deadline, admission bound, replica fail-over and long-prompt truncation.
+//!
+//! Every query:
+//! 1. takes a local admission permit or is answered `Overloaded` at once (never queued), so a
+//!    slow Indexer cannot pile up router tasks;
+//! 2. gets one deadline, `query_timeout` from now, enforced locally around the whole call
+//!    (connecting and fail-over included) and sent to each replica as `grpc-timeout` (the
+//!    remaining budget), so the server can shed work nobody waits for;
+//! 3. tries the replicas in order while the answer is unreachable / timeout / overloaded and
+//!    budget remains; any other answer is final. When every replica fails, the last failure is
+//!    the outcome.
+//!
+//! Channels are lazy: nothing is dialed at construction, and a replica that is down costs a
+//! failed connect per query until it is back (tonic reconnects on the next call).
+
+use std::future::Future;
+use std::time::Duration;
+
+use kv_indexer_proto::MAX_MESSAGE_BYTES;
+use kv_indexer_proto::v1 as pb;
+use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+use tracing::debug;
+
+use crate::endpoint::{Endpoint, EndpointError};
+use crate::outcome::{self, HitCount, NodeMatch, PrefixOutcome, QueryError};
+
+/// The router contract's default per-query deadline.
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_millis(100);
+/// The router contract's default local admission bound.
+pub const DEFAULT_MAX_INFLIGHT: usize = 32;
+/// How long one connection attempt may take; the query deadline still bounds each query.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The most hashes one prefix request carries: `(8 MiB − 16) / 8` = 1,048,574, so the
+/// encoded message (tag, length, 8 bytes per hash) stays within the server's 8 MiB limit.
+pub const MAX_PREFIX_HASHES: usize = (MAX_MESSAGE_BYTES - 16) / 8;
+
+/// How to reach the Indexer and how patient to be.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Replicas, tried in order (see [`Endpoint::parse_list`]).
+    pub endpoints: Vec<Endpoint>,
+    /// The whole budget of one query, fail-over included.
+    pub query_timeout: Duration,
+    /// Queries in flight at once; one more is answered `Overloaded` at once.
+    pub max_inflight: usize,
+    /// The bound on one connection attempt.
+    pub connect_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// `endpoints` with the contract's defaults.
+    pub fn new(endpoints: Vec<Endpoint>) -> ClientConfig {
+        ClientConfig {
+            endpoints,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            max_inflight: DEFAULT_MAX_INFLIGHT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+}
+
+/// A configuration the client cannot run with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("max_inflight must be at least 1")]
+    ZeroInflight,
+    #[error("query_timeout must be more than zero")]
+    ZeroTimeout,
+    #[error("endpoint {endpoint}")]
+    Transport {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+#[derive(Debug)]
+struct Replica {
+    endpoint: Endpoint,
+    client: KvIndexerClient<Channel>,
+}
+
+/// The router's client of the Indexer; cheap to share (`&self` everywhere), one lazily
+/// connected HTTP/2 channel per replica.
+#[derive(Debug)]
+pub struct IndexerClient {
+    replicas: Vec<Replica>,
+    admission: Semaphore,
+    max_inflight: usize,
+    query_timeout: Duration,
+}
+
+impl IndexerClient {
+    /// Builds the channels without dialing. Must run inside a tokio runtime (tonic spawns
+    /// each channel's worker task).
+    pub fn new(config: ClientConfig) -> Result<IndexerClient, ClientError> {
+        if config.endpoints.is_empty() {
+            return Err(EndpointError::Empty.into());
+        }
+        if config.max_inflight == 0 {
+            return Err(ClientError::ZeroInflight);
+        }
+        if config.query_timeout.is_zero() {
+            return Err(ClientError::ZeroTimeout);
+        }
+        let replicas = config
+            .endpoints
+            .into_iter()
+            .map(|endpoint| {
+                let channel = tonic::transport::Endpoint::from_shared(endpoint.dial_string())
+                    .map_err(|source| ClientError::Transport {
+                        endpoint: endpoint.to_string(),
+                        source,
+                    })?
+                    .connect_timeout(config.connect_timeout)
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                let client = KvIndexerClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+                Ok(Replica { endpoint, client })
+            })
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        Ok(IndexerClient {
+            replicas,
+            admission: Semaphore::new(config.max_inflight),
+            max_inflight: config.max_inflight,
+            query_timeout: config.query_timeout,
+        })
+    }
+
+    /// The replicas, in the order they are tried.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        self.replicas.iter().map(|r| &r.endpoint)
+    }
+
+    /// Queries holding an admission permit now.
+    pub fn queries_in_flight(&self) -> usize {
+        self.max_inflight - self.admission.available_permits()
+    }
+
+    /// The workers holding the longest prefix of a prompt's block `hashes` (prompt order).
+    ///
+    /// A prompt longer than one message can carry sends only its first
+    /// [`MAX_PREFIX_HASHES`] hashes; the outcome still reports the full `query_blocks`, so a
+    /// ratio against it is a lower bound. An empty prompt is `NoMatch` without a query.
+    pub async fn longest_prefix(&self, hashes: &[i64]) -> PrefixOutcome {
+        if hashes.is_empty() {
+            return PrefixOutcome::NoMatch;
+        }
+        let sent = &hashes[..hashes.len().min(MAX_PREFIX_HASHES)];
+        let answer = self
+            .query(|mut client, timeout| {
+                let request = with_timeout(
+                    pb::MatchExternalKvPrefixRequest {
+                        hashes: sent.to_vec(),
+                        max_blocks: 0,
+                    },
+                    timeout,
+                );
+                async move { client.match_external_kv_prefix(request).await }
+            })
+            .await;
+        match answer {
+            Ok(response) => PrefixOutcome::from_response(response, hashes.len(), sent.len()),
+            Err(status) => PrefixOutcome::from_status(&status),
+        }
+    }
+
+    /// Every worker's placements of `hashes` (`MatchExternalKv`); `count_as_hit` adds one to
+    /// each matched hash's hit count.
+    pub async fn match_exact(
+        &self,
+        hashes: &[i64],
+        count_as_hit: bool,
+    ) -> Result<Vec<NodeMatch>, QueryError> {
+        let response = self
+            .query(|mut client, timeout| {
+                let request = with_timeout(
+                    pb::MatchExternalKvRequest {
+                        hashes: hashes.to_vec(),
+                        count_as_hit,
+                    },
+                    timeout,
+                );
+                async move { client.match_external_kv(request).await }
+            })
+            .await?;
+        Ok(outcome::node_matches(response))
+    }
+
+    /// The hit counts of those `hashes` that have one (`GetExternalKvHitCounts`).
+    pub async fn hit_counts(&self, hashes: &[i64]) -> Result<Vec<HitCount>, QueryError> {
+        let response = self
+            .query(|mut client, timeout| {
+                let request = with_timeout(
+                    pb::GetExternalKvHitCountsRequest {
+                        hashes: hashes.to_vec(),
+                    },
+                    timeout,
+                );
+                async move { client.get_external_kv_hit_counts(request).await }
+            })
+            .await?;
+        Ok(outcome::hit_counts(response))
+    }
+
+    /// Admission, then `rpc` over the replicas within one deadline. Local failures come back
+    /// as the status a server would have sent, so one classification covers both.
+    async fn query<T, F, Fut>(&self, rpc: F) -> Result<T, Status>
+    where
+        F: FnMut(KvIndexerClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let Ok(_permit) = self.admission.try_acquire() else {
+            return Err(Status::resource_exhausted(format!(
+                "the client's bound of {} queries in flight is reached",
+                self.max_inflight
+            )));
+        };
+        let deadline = Instant::now() + self.query_timeout;
+        match tokio::time::timeout_at(deadline, self.fail_over(deadline, rpc)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(self.spent()),
+        }
+    }
+
+    /// Tries each replica in order while its failure is one the next replica may not share.
+    async fn fail_over<T, F, Fut>(&self, deadline: Instant, mut rpc: F) -> Result<T, Status>
+    where
+        F: FnMut(KvIndexerClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let mut last = None;
+        for replica in &self.replicas {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(self.spent());
+            }
+            match rpc(replica.client.clone(), remaining).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) if PrefixOutcome::from_status(&status).fails_over() => {
+                    debug!(endpoint = %replica.endpoint, code = ?status.code(), message = status.message(), "indexer replica failed");
+                    last = Some(status);
+                }
+                Err(status) => return Err(status),
+            }
+        }
+        Err(last.unwrap_or_else(|| Status::unavailable("no replica")))
+    }
+
+    fn spent(&self) -> Status {
+        Status::deadline_exceeded(format!(
+            "no answer within the query timeout of {:?}",
+            self.query_timeout
+        ))
+    }
+}
+
+fn with_timeout<T>(message: T, timeout: Duration) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(timeout);
+    request
+}

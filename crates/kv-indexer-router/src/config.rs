@@ -1,0 +1,205 @@
+//! Router configuration: the flags of the SGLang router's quickstart, each also a variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use kv_indexer_client::endpoint::Endpoint;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum PolicyName {
+    CacheAware,
+    RoundRobin,
+    Random,
+    PowerOfTwo,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum PrefixProvider {
+    Indexer,
+    RadixTree,
+}
+
+/// A cache-aware HTTP router for SGLang workers, using the KV Indexer as its cache signal.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kv-indexer-router", version, about, args_override_self = true)]
+pub struct Args {
+    /// Address the router listens on.
+    #[arg(long, env = "KV_ROUTER_LISTEN_ADDR", default_value = "127.0.0.1:30080")]
+    pub listen_addr: SocketAddr,
+    /// Worker URLs (as the Indexer knows them: matched byte for byte).
+    #[arg(long, env = "KV_ROUTER_WORKER_URLS", num_args = 1.., value_delimiter = ',', required = true)]
+    pub worker_urls: Vec<String>,
+    #[arg(
+        long,
+        env = "KV_ROUTER_POLICY",
+        value_enum,
+        default_value = "cache_aware"
+    )]
+    pub policy: PolicyName,
+    /// Where `cache_aware` gets its prefix signal (default: `indexer` when an endpoint is given).
+    #[arg(long, env = "KV_ROUTER_CACHE_PREFIX_PROVIDER", value_enum)]
+    pub cache_prefix_provider: Option<PrefixProvider>,
+    /// The Indexer: `http(s)://host:port`, a comma-separated list of replicas tried in order.
+    #[arg(long, env = "KV_INDEXER_ENDPOINT")]
+    pub kv_indexer_endpoint: Option<String>,
+    #[arg(long, env = "KV_INDEXER_QUERY_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_indexer_query_timeout_ms: u64,
+    #[arg(long, env = "KV_INDEXER_QUERY_MAX_INFLIGHT", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_indexer_query_max_inflight: u64,
+    /// A match shorter than this many tokens is not worth routing for.
+    #[arg(
+        long,
+        env = "KV_ROUTER_CACHE_AFFINITY_MIN_MATCHED_TOKENS",
+        default_value_t = 1024
+    )]
+    pub cache_affinity_min_matched_tokens: usize,
+    /// A `tokenizer.json`, or a directory holding one; without it text uses the built-in
+    /// deterministic tokenizer (the simulated worker's).
+    #[arg(long, env = "KV_ROUTER_TOKENIZER_PATH")]
+    pub tokenizer_path: Option<PathBuf>,
+    #[arg(long, env = "KV_ROUTER_MODEL_ID", default_value = "default")]
+    pub model_id: String,
+    /// Tokens the local radix tree remembers.
+    #[arg(long, env = "KV_ROUTER_RADIX_MAX_TOKENS", default_value_t = 4_000_000)]
+    pub radix_max_tokens: usize,
+    /// Seconds between worker health checks.
+    #[arg(long, env = "KV_ROUTER_HEALTH_INTERVAL_SECS", default_value_t = 2)]
+    pub health_interval_secs: u64,
+}
+
+/// The validated settings.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub worker_urls: Vec<String>,
+    pub policy: PolicyName,
+    pub provider: PrefixProvider,
+    pub indexer: Option<Vec<Endpoint>>,
+    pub query_timeout: Duration,
+    pub query_max_inflight: usize,
+    pub min_matched_tokens: usize,
+    pub tokenizer_path: Option<PathBuf>,
+    pub model_id: String,
+    pub radix_max_tokens: usize,
+    pub health_interval: Duration,
+}
+
+impl RouterConfig {
+    /// Checks what clap cannot, naming the flag at fault: a bad Indexer endpoint stops start-up.
+    pub fn from_args(args: &Args) -> Result<RouterConfig, String> {
+        let indexer = args
+            .kv_indexer_endpoint
+            .as_deref()
+            .map(Endpoint::parse_list)
+            .transpose()
+            .map_err(|error| format!("--kv-indexer-endpoint (KV_INDEXER_ENDPOINT): {error}"))?;
+        let provider = match (args.cache_prefix_provider, &indexer) {
+            (Some(PrefixProvider::Indexer), None) => {
+                return Err("--cache-prefix-provider indexer needs --kv-indexer-endpoint".into());
+            }
+            (Some(provider), _) => provider,
+            (None, Some(_)) => PrefixProvider::Indexer,
+            (None, None) => PrefixProvider::RadixTree,
+        };
+        for url in &args.worker_urls {
+            let parsed: Result<http::Uri, _> = url.parse();
+            if !matches!(parsed, Ok(ref uri) if uri.scheme().is_some() && uri.host().is_some()) {
+                return Err(format!(
+                    "--worker-urls (KV_ROUTER_WORKER_URLS): {url:?} is not an http(s)://host:port URL"
+                ));
+            }
+        }
+        Ok(RouterConfig {
+            worker_urls: args.worker_urls.clone(),
+            policy: args.policy,
+            provider,
+            indexer,
+            query_timeout: Duration::from_millis(args.kv_indexer_query_timeout_ms),
+            query_max_inflight: args.kv_indexer_query_max_inflight as usize,
+            min_matched_tokens: args.cache_affinity_min_matched_tokens,
+            tokenizer_path: args.tokenizer_path.clone(),
+            model_id: args.model_id.clone(),
+            radix_max_tokens: args.radix_max_tokens,
+            health_interval: Duration::from_secs(args.health_interval_secs.max(1)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(argv: &[&str]) -> Result<RouterConfig, String> {
+        let mut full = vec!["kv-indexer-router"];
+        full.extend_from_slice(argv);
+        let args = Args::try_parse_from(full).map_err(|e| e.to_string())?;
+        RouterConfig::from_args(&args)
+    }
+
+    #[test]
+    fn indexer_is_the_provider_when_an_endpoint_is_given() {
+        let c = config(&[
+            "--worker-urls",
+            "http://a:1,http://b:2",
+            "--kv-indexer-endpoint",
+            "http://[::1]:50051",
+        ])
+        .unwrap();
+        assert_eq!(c.provider, PrefixProvider::Indexer);
+        assert_eq!(c.worker_urls, ["http://a:1", "http://b:2"]);
+        assert_eq!(c.query_timeout, Duration::from_millis(100));
+        assert_eq!(c.query_max_inflight, 32);
+        assert_eq!(c.min_matched_tokens, 1024);
+    }
+
+    #[test]
+    fn radix_tree_without_an_endpoint() {
+        let c = config(&["--worker-urls", "http://a:1"]).unwrap();
+        assert_eq!(c.provider, PrefixProvider::RadixTree);
+        assert_eq!(c.policy, PolicyName::CacheAware);
+    }
+
+    #[test]
+    fn rejects_what_can_never_work_naming_the_flag() {
+        for (argv, needle) in [
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--kv-indexer-endpoint",
+                    "localhost:50051",
+                ][..],
+                "--kv-indexer-endpoint",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--cache-prefix-provider",
+                    "indexer",
+                ][..],
+                "--cache-prefix-provider",
+            ),
+            (&["--worker-urls", "a:1"][..], "--worker-urls"),
+            (
+                &["--worker-urls", "http://a:1", "--policy", "fastest"][..],
+                "--policy",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--kv-indexer-query-timeout-ms",
+                    "0",
+                ][..],
+                "--kv-indexer-query-timeout-ms",
+            ),
+        ] {
+            let error = config(argv).expect_err("must be rejected");
+            assert!(error.contains(needle), "{error:?} does not name {needle}");
+        }
+    }
+}

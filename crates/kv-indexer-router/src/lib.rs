@@ -1,0 +1,114 @@
+//! `kv-indexer-router`: a cache-aware HTTP router for SGLang workers that uses the KV Indexer
+//! as its cache signal, with a local approximate radix tree when no Indexer is configured.
+//!
+//! - [`config`]: flags and variables (the SGLang router's quickstart flags);
+//! - [`workers`]: registry, health checks, active requests;
+//! - [`policy`]: choosing a worker (cache-aware on the Indexer or the radix tree, round robin,
+//!   random, power of two), with every Indexer failure falling back to load;
+//! - [`radix`]: the local approximate radix tree;
+//! - [`tokenizer`]: prompt text to token ids;
+//! - [`app`]: the proxied HTTP routes;
+//! - [`throttle`]: warnings at doubling totals.
+
+pub mod app;
+pub mod config;
+pub mod policy;
+pub mod radix;
+pub mod throttle;
+pub mod tokenizer;
+pub mod workers;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use anyhow::Context;
+use kv_indexer_client::{ClientConfig, IndexerClient};
+use parking_lot::{Mutex, RwLock};
+use tokio::net::TcpListener;
+
+use crate::app::AppState;
+use crate::config::{PolicyName, PrefixProvider, RouterConfig};
+use crate::policy::Policy;
+use crate::radix::RadixTree;
+use crate::tokenizer::Tokenizer;
+use crate::workers::Workers;
+
+/// Builds the router's state from a validated config.
+pub fn state(
+    config: &RouterConfig,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+) -> anyhow::Result<Arc<AppState>> {
+    let hashing = Arc::new(RwLock::new(None));
+    let policy = match (config.policy, config.provider, &config.indexer) {
+        (PolicyName::CacheAware, PrefixProvider::Indexer, Some(endpoints)) => {
+            let mut client_config = ClientConfig::new(endpoints.clone());
+            client_config.query_timeout = config.query_timeout;
+            client_config.max_inflight = config.query_max_inflight;
+            Policy::CacheAwareIndexer {
+                client: IndexerClient::new(client_config).context("--kv-indexer-endpoint")?,
+                hashing: hashing.clone(),
+                min_matched_tokens: config.min_matched_tokens,
+                logs: Default::default(),
+            }
+        }
+        (PolicyName::CacheAware, _, _) => Policy::CacheAwareRadix {
+            tree: Mutex::new(RadixTree::new(config.radix_max_tokens)),
+        },
+        (PolicyName::RoundRobin, _, _) => Policy::RoundRobin(AtomicUsize::new(0)),
+        (PolicyName::Random, _, _) => Policy::Random,
+        (PolicyName::PowerOfTwo, _, _) => Policy::PowerOfTwo,
+    };
+    let tokenizer =
+        Tokenizer::load(config.tokenizer_path.as_deref()).map_err(anyhow::Error::msg)?;
+    Ok(Arc::new(AppState {
+        workers: Arc::new(Workers::new(&config.worker_urls)),
+        policy,
+        http: reqwest::Client::builder()
+            .build()
+            .context("building the HTTP client")?,
+        tokenizer,
+        hashing,
+        metrics,
+        model_id: config.model_id.clone(),
+    }))
+}
+
+/// Serves the router on `listener` until `shutdown`, with health checks and hashing discovery
+/// in the background.
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    config: &RouterConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut background = tokio::task::JoinSet::new();
+    {
+        let (state, every, stop) = (state.clone(), config.health_interval, stop.clone());
+        background.spawn(async move {
+            loop {
+                state.workers.check_health(&state.http, every).await;
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+            }
+        });
+    }
+    {
+        let (state, every, stop) = (state.clone(), config.health_interval, stop.clone());
+        background.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = app::learn_hashing(state, every) => {}
+            }
+        });
+    }
+    let result = axum::serve(listener, app::router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving HTTP");
+    stop.cancel();
+    while background.join_next().await.is_some() {}
+    result
+}

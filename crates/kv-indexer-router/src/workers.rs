@@ -1,0 +1,115 @@
+//! The worker registry: URLs, health, and active requests per worker.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+#[derive(Debug)]
+pub struct Worker {
+    /// The URL as configured; Indexer answers are matched to it byte for byte.
+    pub url: String,
+    healthy: AtomicBool,
+    /// Refused because its block size or hashing differs from the first worker's.
+    refused: AtomicBool,
+    active: AtomicUsize,
+}
+
+impl Worker {
+    pub fn is_routable(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed) && !self.refused.load(Ordering::Relaxed)
+    }
+
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    pub fn refuse(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Counts one request as active on a worker until dropped.
+#[derive(Debug)]
+pub struct LoadGuard {
+    workers: Arc<Workers>,
+    index: usize,
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.workers.list[self.index]
+            .active
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug)]
+pub struct Workers {
+    pub list: Vec<Worker>,
+}
+
+impl Workers {
+    pub fn new(urls: &[String]) -> Workers {
+        Workers {
+            list: urls
+                .iter()
+                .map(|url| Worker {
+                    url: url.clone(),
+                    healthy: AtomicBool::new(true),
+                    refused: AtomicBool::new(false),
+                    active: AtomicUsize::new(0),
+                })
+                .collect(),
+        }
+    }
+
+    /// The worker whose URL is exactly `url`.
+    pub fn by_url(&self, url: &str) -> Option<usize> {
+        self.list.iter().position(|w| w.url == url)
+    }
+
+    /// Indices of the workers that can take a request now.
+    pub fn routable(&self) -> Vec<usize> {
+        (0..self.list.len())
+            .filter(|&i| self.list[i].is_routable())
+            .collect()
+    }
+
+    /// The routable worker with the fewest active requests (ties: the first), if any.
+    pub fn least_loaded(&self, among: &[usize]) -> Option<usize> {
+        among
+            .iter()
+            .copied()
+            .min_by_key(|&i| (self.list[i].active(), i))
+    }
+
+    pub fn start(self: &Arc<Self>, index: usize) -> LoadGuard {
+        self.list[index].active.fetch_add(1, Ordering::Relaxed);
+        LoadGuard {
+            workers: self.clone(),
+            index,
+        }
+    }
+
+    /// Checks `GET /health` of every worker once.
+    pub async fn check_health(&self, http: &reqwest::Client, timeout: Duration) {
+        for worker in &self.list {
+            let healthy = matches!(
+                http.get(format!("{}/health", worker.url)).timeout(timeout).send().await,
+                Ok(response) if response.status().is_success()
+            );
+            let was = worker.healthy.swap(healthy, Ordering::Relaxed);
+            if was != healthy {
+                if healthy {
+                    info!(url = %worker.url, "worker is healthy");
+                } else {
+                    warn!(url = %worker.url, "worker is unhealthy");
+                }
+            }
+            metrics::gauge!("kv_router_worker_healthy", "worker" => worker.url.clone())
+                .set(f64::from(u8::from(healthy)));
+        }
+    }
+}

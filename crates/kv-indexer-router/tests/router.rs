@@ -1,0 +1,341 @@
+//! The router over real sockets: fake SGLang workers (axum), the real Indexer server in-process,
+//! and the router in front; every policy, the Indexer's failure classes, and streaming.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::{get, post};
+use clap::Parser;
+use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_indexer_proto::v1 as pb;
+use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use kv_indexer_router::app::AppState;
+use kv_indexer_router::config::{Args, RouterConfig};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const BLOCK: usize = 16;
+
+/// A fake SGLang worker answering `/generate` with its own name, in one piece or as SSE.
+async fn fake_worker(name: &'static str) -> String {
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/server_info",
+            get(|| async {
+                axum::Json(
+                    json!({"kv_events": {"block_size": BLOCK}, "speculative_algorithm": null}),
+                )
+            }),
+        )
+        .route(
+            "/generate",
+            post(move |body: axum::Json<Value>| async move {
+                if body.get("stream").and_then(Value::as_bool) == Some(true) {
+                    let chunks = [
+                        "data: {\"text\":\"a\"}\n\n",
+                        "data: {\"text\":\"ab\"}\n\n",
+                        "data: [DONE]\n\n",
+                    ];
+                    let stream =
+                        tokio_stream::iter(chunks.map(|c| Ok::<_, std::io::Error>(c.to_string())));
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(Body::from_stream(stream))
+                        .unwrap()
+                } else {
+                    axum::Json(json!({"text": name, "meta_info": {"cached_tokens": 0}}))
+                        .into_response_json()
+                }
+            }),
+        )
+        .route(
+            "/v1/completions",
+            post(move || async move { axum::Json(json!({"worker": name})) }),
+        );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+trait IntoResponseJson {
+    fn into_response_json(self) -> axum::response::Response;
+}
+
+impl IntoResponseJson for axum::Json<Value> {
+    fn into_response_json(self) -> axum::response::Response {
+        axum::response::IntoResponse::into_response(self)
+    }
+}
+
+async fn start_indexer() -> (SocketAddr, CancellationToken) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let shared = sgl_kv_indexer::server::shared(&sgl_kv_indexer::Config::default());
+    tokio::spawn(sgl_kv_indexer::server::run(
+        listener,
+        shared,
+        stop.clone().cancelled_owned(),
+    ));
+    (addr, stop)
+}
+
+struct TestRouter {
+    url: String,
+    state: Arc<AppState>,
+    http: reqwest::Client,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start_router(argv: &[&str]) -> TestRouter {
+    let mut full = vec![
+        "kv-indexer-router",
+        "--cache-affinity-min-matched-tokens",
+        "16",
+        "--health-interval-secs",
+        "1",
+    ];
+    full.extend_from_slice(argv);
+    let config = RouterConfig::from_args(&Args::try_parse_from(full).unwrap()).unwrap();
+    let state = kv_indexer_router::state(&config, None).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run_state = state.clone();
+    tokio::spawn(async move {
+        kv_indexer_router::run(listener, run_state, &config, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    // Wait until the block size is learned (cache-aware routing needs it).
+    let start = Instant::now();
+    while state.hashing.read().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the router never learned the block size"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    TestRouter {
+        url,
+        state,
+        http: reqwest::Client::new(),
+        _stop: stop,
+    }
+}
+
+impl TestRouter {
+    /// Sends a `/generate` and returns the worker that answered and the body.
+    async fn generate(&self, body: Value) -> (u16, String, String) {
+        let response = self
+            .http
+            .post(format!("{}/generate", self.url))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let worker = response
+            .headers()
+            .get("x-routed-worker")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, worker, response.text().await.unwrap())
+    }
+}
+
+fn prompt(seed: u64, tokens: usize) -> Vec<u64> {
+    (0..tokens as u64).map(|i| seed * 1_000_000 + i).collect()
+}
+
+async fn report(indexer: SocketAddr, worker_url: &str, tokens: &[u64]) {
+    let hashes = block_hashes(
+        tokens,
+        HashConfig {
+            block_size: BLOCK,
+            bigram: false,
+        },
+        None,
+    );
+    let channel = tonic::transport::Channel::from_shared(format!("http://{indexer}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    KvIndexerClient::new(channel)
+        .apply_external_kv_batch(pb::ApplyExternalKvBatchRequest {
+            worker_id: worker_url.into(),
+            seq: 0,
+            actions: vec![pb::ExternalKvAction {
+                r#type: pb::ExternalKvActionType::ActionReport as i32,
+                tier: pb::TierType::TierHbm as i32,
+                hashes,
+                ..Default::default()
+            }],
+            worker_address: worker_url.into(),
+            cache_spec: None,
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn routes_to_the_worker_the_indexer_says_holds_the_prefix() {
+    let (indexer, _stop) = start_indexer().await;
+    let a = fake_worker("a").await;
+    let b = fake_worker("b").await;
+    let endpoint = format!("http://{indexer}");
+    let router = start_router(&[
+        "--worker-urls",
+        &format!("{a},{b}"),
+        "--kv-indexer-endpoint",
+        &endpoint,
+    ])
+    .await;
+
+    let cached = prompt(1, 256);
+    report(indexer, &b, &cached).await;
+    for _ in 0..3 {
+        let (status, worker, body) = router
+            .generate(json!({"input_ids": cached, "sampling_params": {"max_new_tokens": 4}}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(worker, b, "the prompt must go where its cache is");
+    }
+    // A prompt nobody holds goes to the least loaded worker (the first, all idle).
+    let (status, worker, _) = router.generate(json!({"input_ids": prompt(2, 256)})).await;
+    assert_eq!((status, worker.as_str()), (200, a.as_str()));
+}
+
+#[tokio::test]
+async fn a_match_below_the_affinity_threshold_routes_by_load() {
+    let (indexer, _stop) = start_indexer().await;
+    let a = fake_worker("a").await;
+    let b = fake_worker("b").await;
+    let endpoint = format!("http://{indexer}");
+    let router = start_router(&[
+        "--worker-urls",
+        &format!("{a},{b}"),
+        "--kv-indexer-endpoint",
+        &endpoint,
+        "--cache-affinity-min-matched-tokens",
+        "1024",
+    ])
+    .await;
+    let cached = prompt(3, 256);
+    report(indexer, &b, &cached[..32]).await; // 2 blocks = 32 of 256 tokens
+    let (_, worker, _) = router.generate(json!({"input_ids": cached})).await;
+    assert_eq!(worker, a);
+}
+
+#[tokio::test]
+async fn falls_back_to_load_when_the_indexer_is_unreachable() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = listener.local_addr().unwrap();
+    drop(listener);
+    let a = fake_worker("a").await;
+    let b = fake_worker("b").await;
+    let endpoint = format!("http://{dead}");
+    let router = start_router(&[
+        "--worker-urls",
+        &format!("{a},{b}"),
+        "--kv-indexer-endpoint",
+        &endpoint,
+    ])
+    .await;
+    let (status, worker, _) = router.generate(json!({"text": "hello world"})).await;
+    assert_eq!((status, worker.as_str()), (200, a.as_str()));
+}
+
+#[tokio::test]
+async fn a_rejected_indexer_query_fails_the_request_with_503() {
+    // A gRPC server without KVIndexer answers UNIMPLEMENTED: the two sides disagree.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let a = fake_worker("a").await;
+    let endpoint = format!("http://{addr}");
+    let router = start_router(&["--worker-urls", &a, "--kv-indexer-endpoint", &endpoint]).await;
+    let (status, _, body) = router.generate(json!({"input_ids": prompt(4, 64)})).await;
+    assert_eq!(status, 503, "{body}");
+}
+
+#[tokio::test]
+async fn round_robin_alternates_and_radix_tree_keeps_affinity() {
+    let a = fake_worker("a").await;
+    let b = fake_worker("b").await;
+    let urls = format!("{a},{b}");
+    let rr = start_router(&["--worker-urls", &urls, "--policy", "round_robin"]).await;
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(rr.generate(json!({"text": "x"})).await.1);
+    }
+    assert_eq!(seen, [a.clone(), b.clone(), a.clone(), b.clone()]);
+
+    let radix = start_router(&["--worker-urls", &urls, "--policy", "cache_aware"]).await;
+    let first = radix.generate(json!({"input_ids": prompt(5, 64)})).await.1;
+    for _ in 0..3 {
+        let mut longer = prompt(5, 64);
+        longer.extend([7, 8, 9]);
+        assert_eq!(radix.generate(json!({"input_ids": longer})).await.1, first);
+    }
+    assert_eq!(radix.state.workers.list.len(), 2);
+}
+
+#[tokio::test]
+async fn passes_a_stream_through_and_rejects_bad_requests() {
+    let a = fake_worker("a").await;
+    let router = start_router(&["--worker-urls", &a, "--policy", "random"]).await;
+    let (status, _, body) = router.generate(json!({"text": "hi", "stream": true})).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        "data: {\"text\":\"a\"}\n\ndata: {\"text\":\"ab\"}\n\ndata: [DONE]\n\n"
+    );
+    let (status, _, _) = router.generate(json!({"sampling_params": {}})).await;
+    assert_eq!(status, 400);
+    let response = router
+        .http
+        .post(format!("{}/v1/completions", router.url))
+        .body(json!({"prompt": "hi"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+}
+
+#[tokio::test]
+async fn takes_unhealthy_workers_out_of_rotation() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let live = fake_worker("a").await;
+    let router = start_router(&[
+        "--worker-urls",
+        &format!("{dead},{live}"),
+        "--policy",
+        "round_robin",
+    ])
+    .await;
+    // After a health round the dead worker is out of rotation.
+    let start = Instant::now();
+    while router.state.workers.routable() != [1] {
+        assert!(start.elapsed() < Duration::from_secs(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..3 {
+        assert_eq!(router.generate(json!({"text": "x"})).await.1, live);
+    }
+}

@@ -1,0 +1,552 @@
+//! `kv-indexer-ctl`: an operator's view of a running Indexer, through the router's client.
+//!
+//! - `hash`: token ids (or `--text`, through the built-in word tokenizer) into SGLang block
+//!   hashes, offline;
+//! - `prefix`: the workers holding the longest prefix of some blocks (given as hashes, or as
+//!   tokens / text hashed here);
+//! - `match`: every worker's exact placements of some blocks;
+//! - `hits`: the blocks' cumulative hit counts.
+//!
+//! Tables by default, `--json` for scripts. Exit status: 0 when the Indexer answered (a miss
+//! included), 1 when it could not (unreachable, timeout, overloaded, rejected), 2 for bad
+//! arguments.
+
+use std::fmt::Write as _;
+use std::num::{NonZeroU64, NonZeroUsize};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args as ClapArgs, Parser, Subcommand};
+use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_indexer_client::{
+    ClientConfig, Endpoint, HitCount, IndexerClient, MAX_PREFIX_HASHES, NodeMatch, PrefixOutcome,
+    QueryError, simple_tokenize,
+};
+use serde_json::{Value, json};
+
+/// Ask a KV-cache Indexer which workers hold which blocks.
+#[derive(Debug, Parser)]
+#[command(name = "kv-indexer-ctl", version)]
+struct Args {
+    /// The Indexer: http://host:port, https://host:port or unix:path; a comma-separated list
+    /// is tried in order.
+    #[arg(
+        long,
+        global = true,
+        env = "KV_INDEXER_ENDPOINT",
+        default_value = "http://[::1]:50051"
+    )]
+    endpoint: String,
+    /// Deadline of each query, in milliseconds (sent as grpc-timeout and enforced here).
+    #[arg(
+        long,
+        global = true,
+        env = "KV_INDEXER_CTL_TIMEOUT_MS",
+        default_value = "5000"
+    )]
+    timeout_ms: NonZeroU64,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Hash token ids (or text) into SGLang block hashes; needs no Indexer.
+    Hash {
+        #[command(flatten)]
+        tokens: TokenSource,
+        #[command(flatten)]
+        hashing: Hashing,
+    },
+    /// The workers holding the longest prefix of the blocks (MatchExternalKvPrefix).
+    Prefix {
+        #[command(flatten)]
+        blocks: Blocks,
+    },
+    /// Every worker's exact placements of the blocks (MatchExternalKv).
+    Match {
+        #[command(flatten)]
+        blocks: Blocks,
+        /// Count each matched block as a hit.
+        #[arg(long)]
+        count_as_hit: bool,
+    },
+    /// The blocks' cumulative hit counts (GetExternalKvHitCounts).
+    Hits {
+        #[command(flatten)]
+        blocks: Blocks,
+    },
+}
+
+/// How the worker's engine hashes its pages.
+#[derive(Debug, Clone, ClapArgs)]
+struct Hashing {
+    /// Tokens per page: the worker's `kv_events.block_size`.
+    #[arg(long, env = "KV_INDEXER_BLOCK_SIZE", default_value = "16")]
+    block_size: NonZeroUsize,
+    /// Units are token bigrams (speculative engines: EAGLE, EAGLE3, FROZEN_KV_MTP).
+    #[arg(long)]
+    bigram: bool,
+    /// The request's cache salt.
+    #[arg(long)]
+    cache_salt: Option<String>,
+}
+
+impl Hashing {
+    fn config(&self) -> HashConfig {
+        HashConfig {
+            block_size: self.block_size.get(),
+            bigram: self.bigram,
+        }
+    }
+
+    fn hash(&self, tokens: &[u64]) -> Vec<i64> {
+        block_hashes(tokens, self.config(), self.cache_salt.as_deref())
+    }
+}
+
+/// Token ids, or text to tokenize.
+#[derive(Debug, Clone, ClapArgs)]
+#[group(required = true, multiple = false)]
+struct TokenSource {
+    /// Token ids (separated by spaces or commas).
+    #[arg(value_delimiter = ',')]
+    tokens: Vec<u64>,
+    /// Text, split into words by the built-in tokenizer (one FNV-1a token id per word).
+    #[arg(long)]
+    text: Option<String>,
+}
+
+impl TokenSource {
+    fn token_ids(&self) -> Vec<u64> {
+        match &self.text {
+            Some(text) => simple_tokenize(text),
+            None => self.tokens.clone(),
+        }
+    }
+}
+
+/// Block hashes, or tokens / text hashed with `Hashing`.
+#[derive(Debug, Clone, ClapArgs)]
+struct Blocks {
+    #[command(flatten)]
+    source: BlockSource,
+    #[command(flatten)]
+    hashing: Hashing,
+}
+
+#[derive(Debug, Clone, ClapArgs)]
+#[group(required = true, multiple = false)]
+struct BlockSource {
+    /// Block hashes, signed 64-bit, in prompt order (separated by spaces or commas).
+    #[arg(value_delimiter = ',', allow_negative_numbers = true)]
+    hashes: Vec<i64>,
+    /// Token ids to hash into blocks first.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    tokens: Option<Vec<u64>>,
+    /// Text to tokenize and hash into blocks first.
+    #[arg(long)]
+    text: Option<String>,
+}
+
+impl Blocks {
+    fn hashes(&self) -> Vec<i64> {
+        match (&self.source.tokens, &self.source.text) {
+            (Some(tokens), _) => self.hashing.hash(tokens),
+            (None, Some(text)) => self.hashing.hash(&simple_tokenize(text)),
+            (None, None) => self.source.hashes.clone(),
+        }
+    }
+}
+
+/// What a command prints, and whether the Indexer answered.
+struct Report {
+    json: Value,
+    table: String,
+    answered: bool,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(report) => {
+            if args.json {
+                println!("{}", report.json);
+            } else if report.answered {
+                print!("{}", report.table);
+            } else {
+                eprint!("error: {}", report.table);
+            }
+            if report.answered {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: &Args) -> anyhow::Result<Report> {
+    let client = || -> anyhow::Result<IndexerClient> {
+        let endpoints =
+            Endpoint::parse_list(&args.endpoint).context("--endpoint (KV_INDEXER_ENDPOINT)")?;
+        let mut config = ClientConfig::new(endpoints);
+        config.query_timeout = Duration::from_millis(args.timeout_ms.get());
+        IndexerClient::new(config).context("--endpoint (KV_INDEXER_ENDPOINT)")
+    };
+    Ok(match &args.command {
+        Command::Hash { tokens, hashing } => hash_report(&tokens.token_ids(), hashing),
+        Command::Prefix { blocks } => {
+            let hashes = blocks.hashes();
+            prefix_report(&client()?.longest_prefix(&hashes).await, hashes.len())
+        }
+        Command::Match {
+            blocks,
+            count_as_hit,
+        } => match_report(client()?.match_exact(&blocks.hashes(), *count_as_hit).await),
+        Command::Hits { blocks } => hits_report(client()?.hit_counts(&blocks.hashes()).await),
+    })
+}
+
+fn hash_report(tokens: &[u64], hashing: &Hashing) -> Report {
+    let hashes = hashing.hash(tokens);
+    let json = json!({
+        "block_size": hashing.block_size.get(),
+        "bigram": hashing.bigram,
+        "cache_salt": hashing.cache_salt,
+        "token_ids": tokens,
+        "hashes": hashes,
+    });
+    let mut table = format!(
+        "{} tokens → {} blocks (block size {}, bigram {}, salt {})\n",
+        tokens.len(),
+        hashes.len(),
+        hashing.block_size,
+        hashing.bigram,
+        hashing.cache_salt.as_deref().unwrap_or("none"),
+    );
+    let _ = writeln!(table, "{:>6}  {:>20}  hex", "block", "hash");
+    for (i, hash) in hashes.iter().enumerate() {
+        let _ = writeln!(table, "{i:>6}  {hash:>20}  {:#018x}", *hash as u64);
+    }
+    Report {
+        json,
+        table,
+        answered: true,
+    }
+}
+
+fn prefix_report(outcome: &PrefixOutcome, query_blocks: usize) -> Report {
+    let sent = query_blocks.min(MAX_PREFIX_HASHES);
+    match outcome {
+        PrefixOutcome::Matched {
+            matches,
+            best_prefix_blocks,
+            query_blocks,
+            blocks_read,
+        } => {
+            let json = json!({
+                "outcome": outcome.label(),
+                "query_blocks": query_blocks,
+                "sent_blocks": sent,
+                "best_prefix_blocks": best_prefix_blocks,
+                "blocks_read": blocks_read,
+                "matches": matches,
+            });
+            let mut table = format!(
+                "best prefix {best_prefix_blocks} of {query_blocks} blocks{} · blocks read {blocks_read}\n",
+                if sent < *query_blocks {
+                    format!(" (first {sent} sent)")
+                } else {
+                    String::new()
+                }
+            );
+            let _ = writeln!(
+                table,
+                "{:<24}  {:>14}  {:>7}  worker_address",
+                "worker_id", "matched_blocks", "share"
+            );
+            for m in matches {
+                let share = 100.0 * f64::from(m.matched_prefix_blocks) / *query_blocks as f64;
+                let _ = writeln!(
+                    table,
+                    "{:<24}  {:>14}  {:>6.1}%  {}",
+                    m.worker_id, m.matched_prefix_blocks, share, m.worker_address
+                );
+            }
+            Report {
+                json,
+                table,
+                answered: true,
+            }
+        }
+        PrefixOutcome::NoMatch => Report {
+            json: json!({
+                "outcome": outcome.label(),
+                "query_blocks": query_blocks,
+                "sent_blocks": sent,
+            }),
+            table: format!("no worker holds the first of {query_blocks} blocks\n"),
+            answered: true,
+        },
+        PrefixOutcome::Rejected { code, message } => Report {
+            json: json!({
+                "outcome": outcome.label(),
+                "code": format!("{code:?}"),
+                "message": message,
+            }),
+            table: format!("rejected: {code:?}: {message}\n"),
+            answered: false,
+        },
+        failed => Report {
+            json: json!({ "outcome": failed.label() }),
+            table: format!("{}\n", failure_text(failed)),
+            answered: false,
+        },
+    }
+}
+
+fn failure_text(outcome: &PrefixOutcome) -> &'static str {
+    match outcome {
+        PrefixOutcome::Unreachable => "unreachable: no Indexer replica could be reached",
+        PrefixOutcome::Timeout => "timeout: no answer within the deadline",
+        PrefixOutcome::Overloaded => "overloaded: the Indexer is at its in-flight bound",
+        PrefixOutcome::TooLarge => "too large: the request is over the Indexer's message limit",
+        _ => "no answer",
+    }
+}
+
+fn error_report(error: &QueryError) -> Report {
+    Report {
+        json: json!({
+            "error": { "code": format!("{:?}", error.code), "message": error.message },
+        }),
+        table: format!("{error}\n"),
+        answered: false,
+    }
+}
+
+fn match_report(answer: Result<Vec<NodeMatch>, QueryError>) -> Report {
+    let matches = match answer {
+        Ok(matches) => matches,
+        Err(error) => return error_report(&error),
+    };
+    let mut table = format!(
+        "{:<24}  {:<5}  {:>20}  {:>6}  {:>6}  address\n",
+        "worker_id", "tier", "hash", "mask", "tokens"
+    );
+    for node in &matches {
+        for tier in &node.tiers {
+            for (i, hash) in tier.hashes.iter().enumerate() {
+                let mask = tier.component_masks.get(i).copied().unwrap_or(0);
+                let tokens = tier.block_sizes.get(i).copied().unwrap_or(0);
+                let _ = writeln!(
+                    table,
+                    "{:<24}  {:<5}  {hash:>20}  {mask:>6}  {tokens:>6}  {}",
+                    node.worker_id,
+                    tier.tier.to_string(),
+                    node.address
+                );
+            }
+        }
+    }
+    if matches.is_empty() {
+        table = "no worker holds any of the blocks\n".into();
+    }
+    Report {
+        json: json!({ "matches": matches }),
+        table,
+        answered: true,
+    }
+}
+
+fn hits_report(answer: Result<Vec<HitCount>, QueryError>) -> Report {
+    let entries = match answer {
+        Ok(entries) => entries,
+        Err(error) => return error_report(&error),
+    };
+    let mut table = format!("{:>20}  {:>15}\n", "hash", "hit_count_total");
+    for entry in &entries {
+        let _ = writeln!(table, "{:>20}  {:>15}", entry.hash, entry.hit_count_total);
+    }
+    if entries.is_empty() {
+        table = "none of the blocks has a hit count\n".into();
+    }
+    Report {
+        json: json!({ "entries": entries }),
+        table,
+        answered: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kv_indexer_client::{Code, PrefixMatch};
+
+    /// Parses `argv` (after the program name); `Ok` gets the hashes a query command would send
+    /// (or `hash` would print), `Err` a text the error must contain.
+    fn check(argv: &[&str], expect: Result<Vec<i64>, &str>) {
+        let mut full = vec!["kv-indexer-ctl"];
+        full.extend_from_slice(argv);
+        match (Args::try_parse_from(full), expect) {
+            (Ok(args), Ok(hashes)) => {
+                let got = match &args.command {
+                    Command::Hash { tokens, hashing } => hashing.hash(&tokens.token_ids()),
+                    Command::Prefix { blocks }
+                    | Command::Match { blocks, .. }
+                    | Command::Hits { blocks } => blocks.hashes(),
+                };
+                assert_eq!(got, hashes, "argv {argv:?}");
+            }
+            (Err(error), Err(needle)) => {
+                let text = error.to_string();
+                assert!(text.contains(needle), "{argv:?}: {text:?} lacks {needle:?}");
+            }
+            (got, want) => panic!("argv {argv:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    fn hashed(tokens: &[u64], block_size: usize, bigram: bool, salt: Option<&str>) -> Vec<i64> {
+        block_hashes(tokens, HashConfig { block_size, bigram }, salt)
+    }
+
+    #[test]
+    fn takes_hashes_tokens_or_text() {
+        check(&["prefix", "1", "-2", "3"], Ok(vec![1, -2, 3]));
+        check(&["hits", "1,-2,3"], Ok(vec![1, -2, 3]));
+        check(
+            &["match", "--count-as-hit", "-9223372036854775808"],
+            Ok(vec![i64::MIN]),
+        );
+        check(
+            &["prefix", "--tokens", "1", "2", "3", "--block-size", "2"],
+            Ok(hashed(&[1, 2, 3], 2, false, None)),
+        );
+        check(
+            &[
+                "prefix",
+                "--tokens",
+                "1,2,3",
+                "--bigram",
+                "--cache-salt",
+                "s",
+            ],
+            Ok(hashed(&[1, 2, 3], 16, true, Some("s"))),
+        );
+        let words = simple_tokenize("the quick brown fox");
+        check(
+            &[
+                "prefix",
+                "--text",
+                "the quick brown fox",
+                "--block-size",
+                "1",
+            ],
+            Ok(hashed(&words, 1, false, None)),
+        );
+        check(
+            &["hash", "--text", "the quick brown fox", "--block-size", "2"],
+            Ok(hashed(&words, 2, false, None)),
+        );
+        check(
+            &["hash", "5", "6", "7"],
+            Ok(hashed(&[5, 6, 7], 16, false, None)),
+        );
+        check(
+            &["--json", "hash", "5,6"],
+            Ok(hashed(&[5, 6], 16, false, None)),
+        );
+    }
+
+    #[test]
+    fn rejects_ambiguous_or_missing_input() {
+        check(&["prefix"], Err("required"));
+        check(&["hash"], Err("required"));
+        check(
+            &["prefix", "1", "--text", "a b"],
+            Err("cannot be used with"),
+        );
+        check(
+            &["prefix", "--tokens", "1", "--text", "a"],
+            Err("cannot be used with"),
+        );
+        check(&["hash", "--block-size", "0", "1"], Err("--block-size"));
+        check(&["hash", "-1"], Err("-1"));
+        check(&["prefix", "x"], Err("invalid"));
+        check(&["--timeout-ms", "0", "hits", "1"], Err("--timeout-ms"));
+    }
+
+    #[test]
+    fn help_names_the_environment_variables() {
+        let mut command = <Args as clap::CommandFactory>::command();
+        let help = command.render_long_help().to_string();
+        for var in ["KV_INDEXER_ENDPOINT", "KV_INDEXER_CTL_TIMEOUT_MS"] {
+            assert!(help.contains(var), "--help does not mention {var}");
+        }
+        let prefix = command
+            .find_subcommand_mut("prefix")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(prefix.contains("KV_INDEXER_BLOCK_SIZE"), "{prefix}");
+    }
+
+    #[test]
+    fn reports_truncation_and_shares_against_the_full_prompt() {
+        let outcome = PrefixOutcome::Matched {
+            matches: vec![PrefixMatch {
+                worker_address: "http://a:30000".into(),
+                worker_id: "a".into(),
+                matched_prefix_blocks: 1_048_574,
+            }],
+            best_prefix_blocks: 1_048_574,
+            query_blocks: 2_097_148,
+            blocks_read: 1_048_574,
+        };
+        let report = prefix_report(&outcome, 2_097_148);
+        assert!(report.answered);
+        assert_eq!(report.json["sent_blocks"], 1_048_574);
+        assert_eq!(report.json["query_blocks"], 2_097_148);
+        assert!(
+            report.table.contains("(first 1048574 sent)"),
+            "{}",
+            report.table
+        );
+        assert!(report.table.contains(" 50.0%"), "{}", report.table);
+    }
+
+    #[test]
+    fn a_failure_is_not_an_answer() {
+        for outcome in [
+            PrefixOutcome::Unreachable,
+            PrefixOutcome::Timeout,
+            PrefixOutcome::Overloaded,
+            PrefixOutcome::TooLarge,
+            PrefixOutcome::Rejected {
+                code: Code::Internal,
+                message: "boom".into(),
+            },
+        ] {
+            let report = prefix_report(&outcome, 3);
+            assert!(!report.answered, "{outcome:?}");
+            assert_eq!(report.json["outcome"], outcome.label());
+        }
+        assert!(prefix_report(&PrefixOutcome::NoMatch, 3).answered);
+        let report = hits_report(Err(QueryError {
+            code: Code::Unavailable,
+            message: "down".into(),
+        }));
+        assert!(!report.answered);
+        assert_eq!(report.json["error"]["code"], "Unavailable");
+    }
+}

@@ -1,0 +1,197 @@
+//! `kv-indexer-ctl`, the binary, against a server on loopback: hashing, each query command
+//! in table and JSON form, and the exit status when the Indexer cannot answer.
+
+use std::net::SocketAddr;
+use std::process::Output;
+
+use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_indexer_client::simple_tokenize;
+use kv_indexer_proto::v1 as pb;
+use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use serde_json::Value;
+use sgl_kv_indexer::{Config, server};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const TEXT: &str = "you are a helpful assistant . answer briefly and cite sources";
+
+/// A server on `127.0.0.1:0`; stops when the token is dropped with it.
+async fn start_server() -> (SocketAddr, tokio_util::sync::DropGuard) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(server::run(
+        listener,
+        server::shared(&Config::default()),
+        stop.clone().cancelled_owned(),
+    ));
+    (addr, stop.drop_guard())
+}
+
+async fn report(addr: SocketAddr, worker: &str, hashes: Vec<i64>) {
+    let mut client = KvIndexerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    client
+        .apply_external_kv_batch(pb::ApplyExternalKvBatchRequest {
+            worker_id: worker.into(),
+            seq: 1,
+            actions: vec![pb::ExternalKvAction {
+                r#type: pb::ExternalKvActionType::ActionReport as i32,
+                tier: pb::TierType::TierHbm as i32,
+                hashes,
+                ..Default::default()
+            }],
+            worker_address: format!("http://{worker}:30000"),
+            cache_spec: None,
+        })
+        .await
+        .unwrap();
+}
+
+/// Runs the binary off the runtime's thread, so the in-process server keeps serving.
+async fn ctl(args: &[String]) -> Output {
+    let args = args.to_vec();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kv-indexer-ctl"))
+            .args(&args)
+            .env_remove("KV_INDEXER_ENDPOINT")
+            .env_remove("KV_INDEXER_CTL_TIMEOUT_MS")
+            .env_remove("KV_INDEXER_BLOCK_SIZE")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(ToString::to_string).collect()
+}
+
+/// Runs a command that must succeed and parses its JSON.
+async fn ctl_json(list: Vec<String>) -> Value {
+    let output = ctl(&list).await;
+    assert!(
+        output.status.success(),
+        "{list:?}: {:?} {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn text_hashes(block_size: usize) -> Vec<i64> {
+    block_hashes(
+        &simple_tokenize(TEXT),
+        HashConfig {
+            block_size,
+            bigram: false,
+        },
+        None,
+    )
+}
+
+#[tokio::test]
+async fn hashes_text_as_the_library_does() {
+    let json = ctl_json(args(&[
+        "--json",
+        "hash",
+        "--text",
+        TEXT,
+        "--block-size",
+        "4",
+    ]))
+    .await;
+    let hashes: Vec<i64> = serde_json::from_value(json["hashes"].clone()).unwrap();
+    assert_eq!(hashes, text_hashes(4));
+    assert_eq!(json["token_ids"].as_array().unwrap().len(), 11);
+}
+
+#[tokio::test]
+async fn asks_a_running_server_for_prefixes_placements_and_hits() {
+    let (addr, _server) = start_server().await;
+    let hashes = text_hashes(4);
+    assert_eq!(hashes.len(), 3);
+    report(addr, "a", hashes.clone()).await;
+    let endpoint = format!("http://{addr}");
+    let with = |list: &[&str]| {
+        let mut full = args(&["--endpoint", &endpoint]);
+        full.extend(args(list));
+        full
+    };
+
+    let prefix = ctl_json(with(&[
+        "--json",
+        "prefix",
+        "--text",
+        TEXT,
+        "--block-size",
+        "4",
+    ]))
+    .await;
+    assert_eq!(prefix["outcome"], "matched");
+    assert_eq!(prefix["best_prefix_blocks"], 3);
+    assert_eq!(prefix["query_blocks"], 3);
+    assert_eq!(prefix["matches"][0]["worker_id"], "a");
+    assert_eq!(prefix["matches"][0]["worker_address"], "http://a:30000");
+
+    // The same question in blocks, with one more block nobody holds, as a table.
+    let mut blocks: Vec<String> = hashes.iter().map(ToString::to_string).collect();
+    blocks.push("-7".into());
+    let mut list = vec!["prefix".to_string()];
+    list.extend(blocks.iter().cloned());
+    let output = ctl(&with(&list.iter().map(String::as_str).collect::<Vec<_>>())).await;
+    assert!(output.status.success());
+    let table = String::from_utf8(output.stdout).unwrap();
+    assert!(table.contains("best prefix 3 of 4 blocks"), "{table}");
+    assert!(table.contains(" 75.0%  http://a:30000"), "{table}");
+
+    let first_two = [blocks[0].as_str(), blocks[1].as_str()];
+    let mut list = vec!["--json", "match", "--count-as-hit"];
+    list.extend(first_two);
+    let matched = ctl_json(with(&list)).await;
+    assert_eq!(matched["matches"][0]["worker_id"], "a");
+    assert_eq!(matched["matches"][0]["tiers"][0]["tier"], "HBM");
+    assert_eq!(
+        matched["matches"][0]["tiers"][0]["hashes"],
+        serde_json::json!([hashes[0], hashes[1]])
+    );
+
+    let joined = format!("{},{},{}", blocks[0], blocks[1], blocks[2]);
+    let hits = ctl_json(with(&["--json", "hits", &joined])).await;
+    assert_eq!(
+        hits["entries"],
+        serde_json::json!([
+            { "hash": hashes[0], "hit_count_total": 1 },
+            { "hash": hashes[1], "hit_count_total": 1 },
+        ])
+    );
+}
+
+#[tokio::test]
+async fn exits_with_1_when_the_indexer_cannot_answer() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let output = ctl(&args(&["--endpoint", &dead, "--json", "prefix", "1", "2"])).await;
+    assert_eq!(output.status.code(), Some(1));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["outcome"], "unreachable");
+
+    let output = ctl(&args(&["--endpoint", &dead, "hits", "1"])).await;
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("Unavailable"), "{stderr}");
+}
+
+#[tokio::test]
+async fn exits_with_2_naming_a_bad_endpoint() {
+    let output = ctl(&args(&["--endpoint", "localhost:50051", "prefix", "1"])).await;
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("--endpoint (KV_INDEXER_ENDPOINT)") && stderr.contains("localhost:50051"),
+        "{stderr}"
+    );
+}
