@@ -1,0 +1,395 @@
+//! Flags and environment variables of `kv-indexer-sim` (each flag has its `KV_INDEXER_SIM_…`
+//! variable), parsed into a validated [`Config`].
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use kv_indexer_client::hashing::HashConfig;
+
+use crate::cache::CacheConfig;
+use crate::events::{Encoder, Encoding};
+use crate::publisher::{DropPolicy, PublisherConfig};
+use crate::timing::TimeModel;
+
+/// A simulated SGLang worker: SGLang's HTTP API over a paged prefix cache, publishing KV
+/// events on ZMQ exactly as SGLang does.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kv-indexer-sim", version)]
+pub struct Args {
+    /// HTTP listen address.
+    #[arg(long, env = "KV_INDEXER_SIM_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+
+    /// HTTP port (0: any free port).
+    #[arg(long, env = "KV_INDEXER_SIM_PORT", default_value_t = 30000)]
+    pub port: u16,
+
+    /// The model name reported and accepted.
+    #[arg(
+        long,
+        env = "KV_INDEXER_SIM_MODEL_PATH",
+        default_value = "kv-indexer-sim"
+    )]
+    pub model_path: String,
+
+    /// A Hugging Face tokenizer.json (or a directory holding one); without it, text prompts
+    /// are split into words (one token per word).
+    #[arg(long, env = "KV_INDEXER_SIM_TOKENIZER_PATH")]
+    pub tokenizer_path: Option<PathBuf>,
+
+    /// Tokens per cache page (SGLang's --page-size; the events' block_size).
+    #[arg(long, env = "KV_INDEXER_SIM_PAGE_SIZE", default_value_t = 16)]
+    pub page_size: usize,
+
+    /// Device cache capacity, in tokens.
+    #[arg(long, env = "KV_INDEXER_SIM_CAPACITY_TOKENS", default_value_t = 1 << 20)]
+    pub capacity_tokens: usize,
+
+    /// Host (CPU_PINNED) tier capacity, in tokens; 0: no host tier.
+    #[arg(long, env = "KV_INDEXER_SIM_HOST_CAPACITY_TOKENS", default_value_t = 0)]
+    pub host_capacity_tokens: usize,
+
+    /// Prompt plus output tokens allowed per request.
+    #[arg(long, env = "KV_INDEXER_SIM_CONTEXT_LENGTH", default_value_t = 131_072)]
+    pub context_length: usize,
+
+    /// Address the KV event PUB socket binds.
+    #[arg(
+        long,
+        env = "KV_INDEXER_SIM_KV_EVENTS_HOST",
+        default_value = "127.0.0.1"
+    )]
+    pub kv_events_host: IpAddr,
+
+    /// Port the KV event PUB socket binds (0: any free port).
+    #[arg(long, env = "KV_INDEXER_SIM_KV_EVENTS_PORT", default_value_t = 5557)]
+    pub kv_events_port: u16,
+
+    /// Port of the replay ROUTER (on the KV events host); off when unset.
+    #[arg(long, env = "KV_INDEXER_SIM_REPLAY_PORT")]
+    pub replay_port: Option<u16>,
+
+    /// Batches kept for replay (SGLang's buffer_steps).
+    #[arg(
+        long,
+        env = "KV_INDEXER_SIM_REPLAY_BUFFER_STEPS",
+        default_value_t = 10_000
+    )]
+    pub replay_buffer_steps: usize,
+
+    /// The KV event topic.
+    #[arg(long, env = "KV_INDEXER_SIM_TOPIC", default_value = "kv-events")]
+    pub topic: String,
+
+    /// Event encoding: map (SGLang 0.5.20 and later) or array (up to 0.5.18).
+    #[arg(long, env = "KV_INDEXER_SIM_ENCODING", value_enum, default_value_t = EncodingArg::Map)]
+    pub encoding: EncodingArg,
+
+    /// Speculative decoding algorithm; its engines hash token bigrams.
+    #[arg(long, env = "KV_INDEXER_SIM_SPECULATIVE_ALGORITHM", value_enum)]
+    pub speculative_algorithm: Option<SpeculativeAlgorithm>,
+
+    /// Prefill cost per prompt token not found in the cache, in microseconds.
+    #[arg(
+        long,
+        env = "KV_INDEXER_SIM_PREFILL_US_PER_TOKEN",
+        default_value_t = 50
+    )]
+    pub prefill_us_per_token: u64,
+
+    /// Decode cost per generated token, in microseconds.
+    #[arg(
+        long,
+        env = "KV_INDEXER_SIM_DECODE_US_PER_TOKEN",
+        default_value_t = 5_000
+    )]
+    pub decode_us_per_token: u64,
+
+    /// Requests running at once; more wait in a queue.
+    #[arg(long, env = "KV_INDEXER_SIM_MAX_RUNNING", default_value_t = 64)]
+    pub max_running: usize,
+
+    /// Labels sent as component_types on every BlockStored (full, swa, mamba), as an engine
+    /// built with --enable-kv-events-component-types; unset: legacy events.
+    #[arg(long, env = "KV_INDEXER_SIM_COMPONENT_TYPES", value_delimiter = ',')]
+    pub component_types: Vec<String>,
+
+    /// Lose every n-th live KV event message (still replayable), as a PUB above its
+    /// high-water mark; 0: none.
+    #[arg(long, env = "KV_INDEXER_SIM_DROP_EVERY", default_value_t = 0)]
+    pub drop_every: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EncodingArg {
+    Map,
+    Array,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SpeculativeAlgorithm {
+    #[value(name = "EAGLE")]
+    Eagle,
+    #[value(name = "EAGLE3")]
+    Eagle3,
+    #[value(name = "FROZEN_KV_MTP")]
+    FrozenKvMtp,
+}
+
+impl SpeculativeAlgorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpeculativeAlgorithm::Eagle => "EAGLE",
+            SpeculativeAlgorithm::Eagle3 => "EAGLE3",
+            SpeculativeAlgorithm::FrozenKvMtp => "FROZEN_KV_MTP",
+        }
+    }
+}
+
+/// A setting with a value that cannot work, named as the user typed it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--{flag} {value}: {reason}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub value: String,
+    pub reason: &'static str,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub http_addr: SocketAddr,
+    pub kv_events_addr: SocketAddr,
+    pub replay_addr: Option<SocketAddr>,
+    pub model_path: String,
+    pub tokenizer_path: Option<PathBuf>,
+    pub cache: CacheConfig,
+    pub context_length: usize,
+    pub speculative_algorithm: Option<SpeculativeAlgorithm>,
+    pub timing: TimeModel,
+    pub max_running: usize,
+    pub publisher: PublisherConfig,
+}
+
+impl Default for Config {
+    /// Loopback on free ports, 16-token pages, no host tier, no replay, zero costs: a worker
+    /// for tests.
+    fn default() -> Config {
+        let loopback = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        Config {
+            http_addr: loopback,
+            kv_events_addr: loopback,
+            replay_addr: None,
+            model_path: "kv-indexer-sim".into(),
+            tokenizer_path: None,
+            cache: CacheConfig {
+                page_size: 16,
+                capacity_tokens: 1 << 16,
+                host_capacity_tokens: 0,
+            },
+            context_length: 131_072,
+            speculative_algorithm: None,
+            timing: TimeModel::default(),
+            max_running: 64,
+            publisher: PublisherConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    pub fn from_args(args: Args) -> Result<Config, ConfigError> {
+        let bad = |flag: &'static str, value: &dyn ToString, reason: &'static str| ConfigError {
+            flag,
+            value: value.to_string(),
+            reason,
+        };
+        if args.page_size == 0 {
+            return Err(bad("page-size", &args.page_size, "must be at least 1"));
+        }
+        if args.capacity_tokens < args.page_size {
+            return Err(bad(
+                "capacity-tokens",
+                &args.capacity_tokens,
+                "must hold at least one page",
+            ));
+        }
+        if args.host_capacity_tokens != 0 && args.host_capacity_tokens < args.page_size {
+            return Err(bad(
+                "host-capacity-tokens",
+                &args.host_capacity_tokens,
+                "must be 0 (no host tier) or hold at least one page",
+            ));
+        }
+        if args.max_running == 0 {
+            return Err(bad("max-running", &args.max_running, "must be at least 1"));
+        }
+        if args.context_length == 0 {
+            return Err(bad(
+                "context-length",
+                &args.context_length,
+                "must be at least 1",
+            ));
+        }
+        if let Some(port) = args.replay_port
+            && port != 0
+            && port == args.kv_events_port
+        {
+            return Err(bad("replay-port", &port, "is the KV events port"));
+        }
+        for label in &args.component_types {
+            if !matches!(label.as_str(), "full" | "swa" | "mamba") {
+                return Err(bad(
+                    "component-types",
+                    label,
+                    "labels are full, swa and mamba",
+                ));
+            }
+        }
+        let encoding = match args.encoding {
+            EncodingArg::Map => Encoding::Map,
+            EncodingArg::Array => Encoding::Array,
+        };
+        Ok(Config {
+            http_addr: SocketAddr::new(args.host, args.port),
+            kv_events_addr: SocketAddr::new(args.kv_events_host, args.kv_events_port),
+            replay_addr: args
+                .replay_port
+                .map(|port| SocketAddr::new(args.kv_events_host, port)),
+            model_path: args.model_path,
+            tokenizer_path: args.tokenizer_path,
+            cache: CacheConfig {
+                page_size: args.page_size,
+                capacity_tokens: args.capacity_tokens,
+                host_capacity_tokens: args.host_capacity_tokens,
+            },
+            context_length: args.context_length,
+            speculative_algorithm: args.speculative_algorithm,
+            timing: TimeModel {
+                prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
+                decode_per_token: Duration::from_micros(args.decode_us_per_token),
+            },
+            max_running: args.max_running,
+            publisher: PublisherConfig {
+                topic: args.topic,
+                encoder: Encoder {
+                    encoding,
+                    component_types: args.component_types,
+                },
+                attn_dp_rank: Some(0),
+                replay_buffer_steps: args.replay_buffer_steps,
+                drop: DropPolicy {
+                    every: args.drop_every,
+                    ..DropPolicy::default()
+                },
+            },
+        })
+    }
+
+    /// How the engine hashes its pages (`block_size` = page size, dcp_size being 1).
+    pub fn hash(&self) -> HashConfig {
+        HashConfig {
+            block_size: self.cache.page_size,
+            bigram: self.speculative_algorithm.is_some(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let argv = std::iter::once("kv-indexer-sim").chain(args.iter().copied());
+        let args = Args::try_parse_from(argv).map_err(|e| e.to_string())?;
+        Config::from_args(args).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_bind_loopback_with_sglang_ports() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.http_addr, "127.0.0.1:30000".parse().unwrap());
+        assert_eq!(config.kv_events_addr, "127.0.0.1:5557".parse().unwrap());
+        assert_eq!(config.replay_addr, None);
+        assert_eq!(config.cache.page_size, 16);
+        assert_eq!(config.cache.host_capacity_tokens, 0);
+        assert_eq!(config.publisher.topic, "kv-events");
+        assert_eq!(config.publisher.encoder.encoding, Encoding::Map);
+        assert!(config.publisher.encoder.component_types.is_empty());
+        assert_eq!(
+            config.hash(),
+            HashConfig {
+                block_size: 16,
+                bigram: false
+            }
+        );
+    }
+
+    #[test]
+    fn reads_every_setting() {
+        let config = parse(&[
+            "--port",
+            "0",
+            "--page-size",
+            "4",
+            "--capacity-tokens",
+            "64",
+            "--host-capacity-tokens",
+            "32",
+            "--kv-events-port",
+            "6000",
+            "--replay-port",
+            "6001",
+            "--topic",
+            "",
+            "--encoding",
+            "array",
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--prefill-us-per-token",
+            "7",
+            "--decode-us-per-token",
+            "9",
+            "--max-running",
+            "3",
+            "--component-types",
+            "full,swa",
+            "--drop-every",
+            "5",
+        ])
+        .unwrap();
+        assert_eq!(config.replay_addr, Some("127.0.0.1:6001".parse().unwrap()));
+        assert_eq!(config.cache.capacity_tokens, 64);
+        assert_eq!(config.publisher.topic, "");
+        assert_eq!(config.publisher.encoder.encoding, Encoding::Array);
+        assert_eq!(config.publisher.encoder.component_types, ["full", "swa"]);
+        assert_eq!(config.publisher.drop.every, 5);
+        assert!(config.hash().bigram);
+        assert_eq!(config.timing.prefill_per_token, Duration::from_micros(7));
+        assert_eq!(config.max_running, 3);
+    }
+
+    #[test]
+    fn rejects_bad_values_naming_the_flag() {
+        for (args, flag) in [
+            (&["--page-size", "0"][..], "--page-size"),
+            (
+                &["--page-size", "32", "--capacity-tokens", "16"],
+                "--capacity-tokens",
+            ),
+            (&["--host-capacity-tokens", "8"], "--host-capacity-tokens"),
+            (&["--max-running", "0"], "--max-running"),
+            (&["--replay-port", "5557"], "--replay-port"),
+            (&["--component-types", "full,sliding"], "--component-types"),
+            (&["--encoding", "json"], "--encoding"),
+            (
+                &["--speculative-algorithm", "MEDUSA"],
+                "--speculative-algorithm",
+            ),
+        ] {
+            let error = parse(args).unwrap_err();
+            assert!(error.contains(flag), "{args:?}: {error}");
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The msgpack payload of one batch, byte for byte as SGLang's `msgspec` encoder writes it:
+//! `[ts: float64, events, attn_dp_rank]`, events in the map era (`{"type": "BlockStored", ...}`,
+//! SGLang 0.5.20 and later, optional keys omitted) or the array era (`["BlockStored", ...]`, up
+//! to 0.5.18).
+//!
+//! Integers take their most compact msgpack form, non-negative ones unsigned and negative ones
+//! signed, as msgspec writes them (`rmp::encode::write_sint` does the same).
+
+use super::{BlockRemoved, BlockStored, Event};
+use rmp::encode;
+
+/// How events are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    /// `{"type": "BlockStored", "block_hashes": [...], ...}` (SGLang 0.5.20 and later).
+    #[default]
+    Map,
+    /// `["BlockStored", block_hashes, ...]` (SGLang up to 0.5.18).
+    Array,
+}
+
+/// Encodes batches. With `component_types` labels set, every `BlockStored` carries them, as
+/// an engine built with `--enable-kv-events-component-types` does (key `"component_types"`
+/// after the others, or the 8th array element).
+#[derive(Debug, Clone, Default)]
+pub struct Encoder {
+    pub encoding: Encoding,
+    pub component_types: Vec<String>,
+}
+
+/// Writing into a `Vec<u8>` never fails; rmp's signatures are generic over fallible writers.
+fn ok<T, E: std::fmt::Debug>(result: Result<T, E>) -> T {
+    result.expect("writing msgpack into a Vec<u8> cannot fail")
+}
+
+impl Encoder {
+    pub fn new(encoding: Encoding) -> Encoder {
+        Encoder {
+            encoding,
+            component_types: Vec::new(),
+        }
+    }
+
+    /// The payload of one batch.
+    pub fn batch(&self, ts: f64, events: &[Event], attn_dp_rank: Option<i64>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + events.len() * 64);
+        self.batch_into(ts, events, attn_dp_rank, &mut out);
+        out
+    }
+
+    /// [`Encoder::batch`] appended to `out`.
+    pub fn batch_into(
+        &self,
+        ts: f64,
+        events: &[Event],
+        attn_dp_rank: Option<i64>,
+        out: &mut Vec<u8>,
+    ) {
+        ok(encode::write_array_len(out, 3));
+        ok(encode::write_f64(out, ts));
+        ok(encode::write_array_len(out, len32(events.len())));
+        for event in events {
+            match self.encoding {
+                Encoding::Map => self.map_event(event, out),
+                Encoding::Array => self.array_event(event, out),
+            }
+        }
+        write_opt_int(out, attn_dp_rank);
+    }
+
+    fn map_event(&self, event: &Event, out: &mut Vec<u8>) {
+        match event {
+            Event::BlockStored(stored) => {
+                let optional = [&stored.cache_salt, &stored.session_id, &stored.lora_name];
+                let len = 7
+                    + optional.iter().filter(|v| v.is_some()).count()
+                    + usize::from(!self.component_types.is_empty());
+                ok(encode::write_map_len(out, len32(len)));
+                key(out, "type", |out| write_str(out, "BlockStored"));
+                key(out, "block_hashes", |out| {
+                    write_hashes(out, &stored.block_hashes)
+                });
+                key(out, "parent_block_hash", |out| {
+                    write_opt_int(out, stored.parent_block_hash);
+                });
+                key(out, "token_ids", |out| write_tokens(out, &stored.token_ids));
+                key(out, "block_size", |out| {
+                    ok(encode::write_uint(out, u64::from(stored.block_size)));
+                });
+                key(out, "lora_id", |out| write_opt_int(out, stored.lora_id));
+                key(out, "medium", |out| write_str(out, stored.medium.as_str()));
+                for (name, value) in ["cache_salt", "session_id", "lora_name"]
+                    .into_iter()
+                    .zip(optional)
+                {
+                    if let Some(value) = value {
+                        key(out, name, |out| write_str(out, value));
+                    }
+                }
+                if !self.component_types.is_empty() {
+                    key(out, "component_types", |out| self.write_labels(out));
+                }
+            }
+            Event::BlockRemoved(BlockRemoved {
+                block_hashes,
+                medium,
+            }) => {
+                ok(encode::write_map_len(out, 3));
+                key(out, "type", |out| write_str(out, "BlockRemoved"));
+                key(out, "block_hashes", |out| write_hashes(out, block_hashes));
+                key(out, "medium", |out| write_str(out, medium.as_str()));
+            }
+            Event::AllBlocksCleared => {
+                ok(encode::write_map_len(out, 1));
+                key(out, "type", |out| write_str(out, "AllBlocksCleared"));
+            }
+        }
+    }
+
+    /// The array era has no place for `cache_salt`, `session_id` or `lora_name`: they are not
+    /// written.
+    fn array_event(&self, event: &Event, out: &mut Vec<u8>) {
+        match event {
+            Event::BlockStored(BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                lora_id,
+                medium,
+                ..
+            }) => {
+                let labels = !self.component_types.is_empty();
+                ok(encode::write_array_len(out, 7 + u32::from(labels)));
+                write_str(out, "BlockStored");
+                write_hashes(out, block_hashes);
+                write_opt_int(out, *parent_block_hash);
+                write_tokens(out, token_ids);
+                ok(encode::write_uint(out, u64::from(*block_size)));
+                write_opt_int(out, *lora_id);
+                write_str(out, medium.as_str());
+                if labels {
+                    self.write_labels(out);
+                }
+            }
+            Event::BlockRemoved(BlockRemoved {
+                block_hashes,
+                medium,
+            }) => {
+                ok(encode::write_array_len(out, 3));
+                write_str(out, "BlockRemoved");
+                write_hashes(out, block_hashes);
+                write_str(out, medium.as_str());
+            }
+            Event::AllBlocksCleared => {
+                ok(encode::write_array_len(out, 1));
+                write_str(out, "AllBlocksCleared");
+            }
+        }
+    }
+
+    fn write_labels(&self, out: &mut Vec<u8>) {
+        ok(encode::write_array_len(
+            out,
+            len32(self.component_types.len()),
+        ));
+        for label in &self.component_types {
+            write_str(out, label);
+        }
+    }
+}
+
+fn len32(len: usize) -> u32 {
+    u32::try_from(len).expect("a msgpack container holds at most 2^32 - 1 elements")
+}
+
+fn key(out: &mut Vec<u8>, name: &str, value: impl FnOnce(&mut Vec<u8>)) {
+    write_str(out, name);
+    value(out);
+}
+
+fn write_str(out: &mut Vec<u8>, value: &str) {
+    ok(encode::write_str(out, value));
+}
+
+fn write_opt_int(out: &mut Vec<u8>, value: Option<i64>) {
+    match value {
+        Some(value) => {
+            ok(encode::write_sint(out, value));
+        }
+        None => ok(encode::write_nil(out)),
+    }
+}
+
+fn write_hashes(out: &mut Vec<u8>, hashes: &[i64]) {
+    ok(encode::write_array_len(out, len32(hashes.len())));
+    for &hash in hashes {
+        ok(encode::write_sint(out, hash));
+    }
+}
+
+fn write_tokens(out: &mut Vec<u8>, tokens: &[u64]) {
+    ok(encode::write_array_len(out, len32(tokens.len())));
+    for &token in tokens {
+        ok(encode::write_uint(out, token));
+    }
+}

@@ -1,0 +1,343 @@
+//! SGLang's HTTP API, as much of it as routers and benchmarks use:
+//!
+//! - `POST /generate`: the native API ([`native`]);
+//! - `POST /v1/completions`: the OpenAI API ([`openai`]);
+//! - `GET /server_info` (and `/get_server_info`), `GET /get_model_info`, `GET /v1/models`,
+//!   `GET /health` (and `/health_generate`), `GET|POST /flush_cache`.
+//!
+//! Both generation endpoints answer at once or stream server-sent events (`data: {...}`
+//! chunks, then `data: [DONE]`). Every error is a JSON body built in one place,
+//! [`HttpError`]'s `IntoResponse`.
+
+pub mod native;
+pub mod openai;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::engine::{Engine, GenerateRequest, Output, Usage};
+use crate::scheduler::FlushError;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// What `/server_info` and `/get_model_info` describe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerInfo {
+    pub model_path: String,
+    pub tokenizer_path: Option<String>,
+    pub page_size: usize,
+    /// The KV event endpoint subscribers connect to.
+    pub kv_events_host: String,
+    pub kv_events_port: u16,
+    pub replay_port: Option<u16>,
+    pub topic: String,
+    /// SGLang's `--speculative-algorithm` (bigram hashing), if any.
+    pub speculative_algorithm: Option<String>,
+    pub max_running: usize,
+    pub capacity_tokens: usize,
+    pub host_capacity_tokens: usize,
+    /// Prompt plus output tokens allowed per request.
+    pub context_length: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub info: Arc<WorkerInfo>,
+}
+
+/// Request bodies up to this size: a long prompt of token ids takes ~10 bytes a token.
+const MAX_BODY_BYTES: usize = 64 << 20;
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/generate", post(native::generate))
+        .route("/v1/completions", post(openai::completions))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/get_model_info", get(model_info))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/health_generate", get(health))
+        .route("/flush_cache", get(flush_cache).post(flush_cache))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("the worker is shutting down")]
+    Stopped,
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let (status, kind) = match &self {
+            HttpError::BadRequest(_) | HttpError::Tokenizer(_) => {
+                (StatusCode::BAD_REQUEST, "BadRequestError")
+            }
+            HttpError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError"),
+        };
+        let mut message = self.to_string();
+        let mut source = std::error::Error::source(&self);
+        while let Some(error) = source {
+            message = format!("{message}: {error}");
+            source = error.source();
+        }
+        let body = json!({
+            "object": "error",
+            "message": message,
+            "type": kind,
+            "param": null,
+            "code": status.as_u16(),
+        });
+        (status, Json(body)).into_response()
+    }
+}
+
+/// A prompt as a request gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u64>),
+}
+
+impl AppState {
+    /// The engine request for `prompt`, after the checks SGLang makes.
+    fn request(&self, prompt: Prompt, max_new_tokens: u64) -> Result<GenerateRequest, HttpError> {
+        let input_ids = match prompt {
+            Prompt::Text(text) => self.tokenizer.encode(&text)?,
+            Prompt::Ids(ids) => ids,
+        };
+        if input_ids.is_empty() {
+            return Err(HttpError::BadRequest("the input is empty".into()));
+        }
+        let total = (input_ids.len() as u64).saturating_add(max_new_tokens);
+        if total > self.info.context_length as u64 {
+            return Err(HttpError::BadRequest(format!(
+                "requested {total} tokens ({} in the input, {max_new_tokens} to generate), \
+                 more than the context length of {} tokens",
+                input_ids.len(),
+                self.info.context_length
+            )));
+        }
+        Ok(GenerateRequest {
+            input_ids,
+            max_new_tokens: max_new_tokens as usize,
+        })
+    }
+}
+
+/// A token-id list from JSON: `[1, 2, 3]`; a list of lists is a batch.
+fn token_ids(value: &Value, field: &str) -> Result<Vec<u64>, HttpError> {
+    let Value::Array(items) = value else {
+        return Err(HttpError::BadRequest(format!(
+            "{field} must be a list of token ids"
+        )));
+    };
+    if items.iter().any(Value::is_array) {
+        return Err(batch_unsupported());
+    }
+    items
+        .iter()
+        .map(|item| {
+            item.as_u64().ok_or_else(|| {
+                HttpError::BadRequest(format!("{field} must hold non-negative integers"))
+            })
+        })
+        .collect()
+}
+
+fn batch_unsupported() -> HttpError {
+    HttpError::BadRequest("batch requests are not supported by the simulated worker".into())
+}
+
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
+    serde_json::from_slice(body)
+        .map_err(|error| HttpError::BadRequest(format!("invalid request body: {error}")))
+}
+
+fn unix_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A whole answer, read off the engine's output stream.
+struct Completion {
+    text: String,
+    output_ids: Vec<u64>,
+    usage: Usage,
+}
+
+async fn complete(mut outputs: mpsc::Receiver<Output>) -> Result<Completion, HttpError> {
+    let mut text = String::new();
+    let mut output_ids = Vec::new();
+    while let Some(output) = outputs.recv().await {
+        match output {
+            Output::Prefilled { .. } => {}
+            Output::Token { id, text: piece } => {
+                text.push_str(piece);
+                output_ids.push(id);
+            }
+            Output::Finished(usage) => {
+                return Ok(Completion {
+                    text,
+                    output_ids,
+                    usage,
+                });
+            }
+        }
+    }
+    Err(HttpError::Stopped)
+}
+
+/// How one API turns engine outputs into stream chunks.
+trait StreamFormat: Send + 'static {
+    fn prefilled(&mut self, cached_tokens: usize);
+    fn token(&mut self, id: u64, text: &str) -> Option<Value>;
+    /// The last chunks (`data: [DONE]` follows them).
+    fn finished(&mut self, usage: &Usage) -> Vec<Value>;
+}
+
+/// Server-sent events of a request's outputs; a worker that stops mid-stream ends it without
+/// `[DONE]`. Dropping the stream (the client went away) cancels the request.
+fn sse(outputs: mpsc::Receiver<Output>, format: impl StreamFormat) -> Response {
+    struct Cursor<F> {
+        outputs: mpsc::Receiver<Output>,
+        format: F,
+        pending: VecDeque<String>,
+        ended: bool,
+    }
+    let cursor = Cursor {
+        outputs,
+        format,
+        pending: VecDeque::new(),
+        ended: false,
+    };
+    let stream = futures_util::stream::unfold(cursor, |mut cursor| async move {
+        loop {
+            if let Some(data) = cursor.pending.pop_front() {
+                let event = Ok::<_, Infallible>(SseEvent::default().data(data));
+                return Some((event, cursor));
+            }
+            if cursor.ended {
+                return None;
+            }
+            match cursor.outputs.recv().await? {
+                Output::Prefilled { cached_tokens } => cursor.format.prefilled(cached_tokens),
+                Output::Token { id, text } => {
+                    if let Some(chunk) = cursor.format.token(id, text) {
+                        cursor.pending.push_back(chunk.to_string());
+                    }
+                }
+                Output::Finished(usage) => {
+                    let last = cursor.format.finished(&usage);
+                    cursor.pending.extend(last.iter().map(Value::to_string));
+                    cursor.pending.push_back("[DONE]".into());
+                    cursor.ended = true;
+                }
+            }
+        }
+    });
+    Sse::new(stream).into_response()
+}
+
+async fn server_info(State(state): State<AppState>) -> Json<Value> {
+    let info = &state.info;
+    let mut kv_events = json!({
+        "endpoint_host": info.kv_events_host,
+        "endpoint_port_base": info.kv_events_port,
+        "topic": info.topic,
+        "block_size": info.page_size,
+        "dp_size": 1,
+    });
+    let mut kv_events_config = json!({
+        "publisher": "zmq",
+        "endpoint": format!("tcp://*:{}", info.kv_events_port),
+        "topic": info.topic,
+    });
+    if let Some(port) = info.replay_port {
+        kv_events["replay_endpoint_port_base"] = json!(port);
+        kv_events_config["replay_endpoint"] = json!(format!("tcp://*:{port}"));
+    }
+    Json(json!({
+        "model_path": info.model_path,
+        "tokenizer_path": info.tokenizer_path,
+        "served_model_name": info.model_path,
+        "page_size": info.page_size,
+        "speculative_algorithm": info.speculative_algorithm,
+        "dp_size": 1,
+        "tp_size": 1,
+        "dcp_size": 1,
+        "max_running_requests": info.max_running,
+        "max_total_num_tokens": info.capacity_tokens,
+        "context_length": info.context_length,
+        "enable_hierarchical_cache": info.host_capacity_tokens > 0,
+        "hicache_size_tokens": info.host_capacity_tokens,
+        "kv_events_config": kv_events_config.to_string(),
+        "kv_events": kv_events,
+        "running_requests": state.engine.running(),
+        "version": concat!("kv-indexer-sim ", env!("CARGO_PKG_VERSION")),
+    }))
+}
+
+async fn model_info(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "model_path": state.info.model_path,
+        "tokenizer_path": state.info.tokenizer_path,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": "default",
+        "has_image_understanding": false,
+        "has_audio_understanding": false,
+        "model_type": null,
+        "architectures": null,
+    }))
+}
+
+async fn models(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.info.model_path,
+            "object": "model",
+            "created": unix_seconds() as u64,
+            "owned_by": "sglang",
+            "root": state.info.model_path,
+            "max_model_len": state.info.context_length,
+        }],
+    }))
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+/// SGLang's text, and its codes: 200 when flushed, 400 when requests are running.
+async fn flush_cache(
+    State(state): State<AppState>,
+) -> Result<(StatusCode, &'static str), HttpError> {
+    const TEXT: &str = "Cache flushed.\nPlease check backend logs for more details. (When there \
+                        are running or waiting requests, the operation will not be performed.)\n";
+    match state.engine.scheduler().flush().await {
+        Ok(()) => Ok((StatusCode::OK, TEXT)),
+        Err(FlushError::Busy(_)) => Ok((StatusCode::BAD_REQUEST, TEXT)),
+        Err(FlushError::Stopped(_)) => Err(HttpError::Stopped),
+    }
+}

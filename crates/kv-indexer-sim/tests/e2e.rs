@@ -1,0 +1,406 @@
+//! The simulated worker end to end with the real bridge and the real Indexer, in-process on
+//! loopback: HTTP `/generate` → cache → KV events on ZMQ → `bridge::run` → the server. After
+//! each step, and once the stream is quiet, the index's view of the worker (`MatchExternalKv`
+//! over every hash the prompts can make) is exactly the simulated cache's own view, per tier.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_indexer_proto::v1 as pb;
+use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use kv_indexer_sim::events::{Encoding, Medium};
+use kv_indexer_sim::publisher::PublisherStats;
+use kv_indexer_sim::scheduler::SchedulerHandle;
+use kv_indexer_sim::{Config, Endpoints, Listeners, Worker};
+use serde_json::{Value, json};
+use sgl_kv_indexer::bridge::config::{Args, BridgeConfig};
+use sgl_kv_indexer::bridge::stats::Stats;
+use sgl_kv_indexer::bridge::{self, BridgeError};
+use sgl_kv_indexer::{Shared, server};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+const WORKER: &str = "worker-0";
+const PAGE: usize = 4;
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A view per tier, with the index's tier numbers (HBM 1, DRAM 2).
+type View = BTreeMap<i32, BTreeSet<i64>>;
+
+struct IndexServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl IndexServer {
+    async fn start() -> IndexServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = server::shared(&sgl_kv_indexer::Config::default());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(server::run(
+            listener,
+            shared.clone(),
+            stop.clone().cancelled_owned(),
+        ));
+        IndexServer {
+            addr,
+            shared,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+
+    /// What the index says the worker holds among `hashes`, by tier.
+    async fn held(&self, hashes: &BTreeSet<i64>) -> View {
+        let channel = Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = KvIndexerClient::new(channel);
+        let hashes: Vec<i64> = hashes.iter().copied().collect();
+        let mut held = View::new();
+        for chunk in hashes.chunks(16_384) {
+            let answer = client
+                .match_external_kv(pb::MatchExternalKvRequest {
+                    hashes: chunk.to_vec(),
+                    count_as_hit: false,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            for node in answer.matches.into_iter().filter(|m| m.worker_id == WORKER) {
+                for tier in node.hashes_by_tier {
+                    held.entry(tier.tier).or_default().extend(tier.hashes);
+                }
+            }
+        }
+        held.retain(|_, set| !set.is_empty());
+        held
+    }
+
+    async fn wait_for_workers(&self, workers: usize) {
+        let start = Instant::now();
+        while self.shared.index_stats().workers != workers {
+            assert!(start.elapsed() < DEADLINE, "the index never saw the worker");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+struct RunningBridge {
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), BridgeError>>,
+}
+
+impl RunningBridge {
+    fn start(server: SocketAddr, worker: &Endpoints) -> RunningBridge {
+        let argv = [
+            "kv-indexer-bridge".to_string(),
+            "--worker-id".into(),
+            WORKER.into(),
+            "--worker-address".into(),
+            worker.http_url(),
+            "--endpoint".into(),
+            format!("http://{server}"),
+            "--event-endpoint".into(),
+            worker.kv_events_url(),
+            "--event-topic".into(),
+            "kv-events".into(),
+            "--replay-endpoint".into(),
+            worker
+                .replay_url()
+                .expect("the worker has a replay endpoint"),
+        ];
+        let config =
+            BridgeConfig::from_args(<Args as clap::Parser>::try_parse_from(argv).unwrap()).unwrap();
+        let stats = Arc::new(Stats::default());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(bridge::run(config, stats.clone(), stop.clone()));
+        RunningBridge { stats, stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// A worker serving HTTP on loopback until stopped.
+struct RunningWorker {
+    endpoints: Endpoints,
+    scheduler: SchedulerHandle,
+    publisher: Arc<PublisherStats>,
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), kv_indexer_sim::worker::WorkerError>>,
+}
+
+impl RunningWorker {
+    async fn start(config: Config) -> RunningWorker {
+        let listeners = Listeners::bind(&config).await.unwrap();
+        let worker = Worker::start(&config, listeners).await.unwrap();
+        let stop = CancellationToken::new();
+        RunningWorker {
+            endpoints: worker.endpoints(),
+            scheduler: worker.scheduler(),
+            publisher: worker.publisher_stats(),
+            task: tokio::spawn(worker.serve(stop.clone().cancelled_owned())),
+            stop,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+
+    /// One HTTP/1.1 request on a fresh connection: `(status, body)`.
+    async fn call(&self, path: &str, body: &Value) -> (u16, Vec<u8>) {
+        let mut stream = TcpStream::connect(self.endpoints.http).await.unwrap();
+        let body = body.to_string();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.endpoints.http,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.unwrap();
+        let split = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("an HTTP response");
+        let head = String::from_utf8_lossy(&response[..split]);
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, response[split + 4..].to_vec())
+    }
+
+    /// `/generate` of `prompt` with one token out; returns its `cached_tokens`.
+    async fn generate(&self, prompt: &[u64]) -> u64 {
+        let body = json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}});
+        let (status, answer) = self.call("/generate", &body).await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        answer["meta_info"]["cached_tokens"].as_u64().unwrap()
+    }
+
+    /// The cache's own view, with the index's tier numbers.
+    async fn view(&self) -> View {
+        let snapshot = self.scheduler.snapshot().await.unwrap();
+        snapshot
+            .held
+            .into_iter()
+            .map(|(medium, hashes)| {
+                let tier = match medium {
+                    Medium::Gpu => 1,
+                    Medium::CpuPinned => 2,
+                };
+                (tier, hashes)
+            })
+            .collect()
+    }
+}
+
+/// Every hash the prompts can make: their whole pages.
+fn universe(prompts: &[Vec<u64>]) -> BTreeSet<i64> {
+    let hash = HashConfig {
+        block_size: PAGE,
+        bigram: false,
+    };
+    prompts
+        .iter()
+        .flat_map(|p| block_hashes(&p[..p.len() / PAGE * PAGE], hash, None))
+        .collect()
+}
+
+/// Waits until the index shows exactly the cache's view (polling, with a deadline).
+async fn converge(
+    step: &str,
+    server: &IndexServer,
+    worker: &RunningWorker,
+    universe: &BTreeSet<i64>,
+) -> View {
+    let expected = worker.view().await;
+    for hashes in expected.values() {
+        assert!(
+            hashes.is_subset(universe),
+            "{step}: the cache holds unknown hashes"
+        );
+    }
+    let start = Instant::now();
+    loop {
+        let held = server.held(universe).await;
+        if held == expected {
+            return expected;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{step}: the index never matched the cache:\n index {held:?}\n cache {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Makes sure the bridge's subscription is live before a test counts on the live stream:
+/// warm-up prompts (each a new batch; a live one after missed ones makes the bridge replay
+/// the gap) until the index shows them, then a flush to start the test from nothing.
+async fn sync(server: &IndexServer, worker: &RunningWorker) {
+    let start = Instant::now();
+    let mut warmups = Vec::new();
+    'warm: loop {
+        let prompt: Vec<u64> = (0..PAGE as u64)
+            .map(|t| 900_000 + 100 * warmups.len() as u64 + t)
+            .collect();
+        worker.generate(&prompt).await;
+        warmups.push(prompt);
+        let universe = universe(&warmups);
+        let attempt = Instant::now();
+        while attempt.elapsed() < Duration::from_millis(500) {
+            if server.held(&universe).await == worker.view().await {
+                break 'warm;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the bridge never followed the worker"
+        );
+    }
+    let (status, _) = worker.call("/flush_cache", &json!({})).await;
+    assert_eq!(status, 200);
+    let view = converge("warm-up flush", server, worker, &universe(&warmups)).await;
+    assert!(view.is_empty());
+}
+
+fn prompt(prefix: &[u64], rest: std::ops::Range<u64>) -> Vec<u64> {
+    prefix.iter().copied().chain(rest).collect()
+}
+
+fn config() -> Config {
+    let mut config = Config::default();
+    config.cache.page_size = PAGE;
+    config.cache.capacity_tokens = 16 * PAGE;
+    config.cache.host_capacity_tokens = 8 * PAGE;
+    config.replay_addr = Some("127.0.0.1:0".parse().unwrap());
+    config
+}
+
+#[tokio::test]
+async fn the_index_follows_the_simulated_cache_through_evictions_host_moves_and_a_flush() {
+    let server = IndexServer::start().await;
+    let worker = RunningWorker::start(config()).await;
+    let bridge = RunningBridge::start(server.addr, &worker.endpoints);
+    server.wait_for_workers(1).await;
+    sync(&server, &worker).await;
+    let gaps = Stats::get(&bridge.stats.gaps);
+
+    let shared: Vec<u64> = (0..12).collect();
+    let branches = [
+        prompt(&shared, 100..108),
+        prompt(&shared, 200..208),
+        prompt(&shared, 300..304),
+    ];
+    let others: Vec<Vec<u64>> = (1..=4)
+        .map(|k| (k * 1000..k * 1000 + 20).collect())
+        .collect();
+    let late = vec![(5000..5010).collect::<Vec<u64>>()];
+    let all: Vec<Vec<u64>> = [&branches[..], &others, &late].concat();
+    let universe = universe(&all);
+
+    // 1. Prompts sharing a 3-page prefix: the later ones hit it.
+    assert_eq!(worker.generate(&branches[0]).await, 0);
+    assert_eq!(worker.generate(&branches[1]).await, 12);
+    assert_eq!(worker.generate(&branches[2]).await, 12);
+    let view = converge("shared prefixes", &server, &worker, &universe).await;
+    assert_eq!(view.len(), 1, "all on the device: {view:?}");
+    assert_eq!(view[&1].len(), 8);
+
+    // 2. Twenty new pages overflow the 16-page device: old pages move to the 8-page host,
+    // which evicts in turn.
+    for other in &others {
+        assert_eq!(worker.generate(other).await, 0);
+    }
+    let view = converge("overflow", &server, &worker, &universe).await;
+    let stats = worker.scheduler.snapshot().await.unwrap().stats;
+    assert!(view.contains_key(&2), "nothing on the host: {view:?}");
+    assert!(
+        stats.device_evictions > 0 && stats.host_evictions > 0,
+        "{stats:?}"
+    );
+
+    // 3. A prompt whose pages are on the host: a hit, reloaded to the device.
+    let hash = HashConfig {
+        block_size: PAGE,
+        bigram: false,
+    };
+    let on_host = all
+        .iter()
+        .find(|p| {
+            let first = block_hashes(&p[..PAGE], hash, None)[0];
+            view[&2].contains(&first)
+        })
+        .expect("a prompt starting on the host")
+        .clone();
+    assert!(worker.generate(&on_host).await > 0, "a host hit is a hit");
+    let after = worker.scheduler.snapshot().await.unwrap().stats;
+    assert!(after.host_hits > stats.host_hits, "{after:?}");
+    converge("host hit", &server, &worker, &universe).await;
+
+    // 4. Flush: the index forgets everything.
+    let (status, _) = worker.call("/flush_cache", &json!({})).await;
+    assert_eq!(status, 200);
+    let view = converge("flush", &server, &worker, &universe).await;
+    assert!(view.is_empty());
+
+    // 5. And follows again afterwards.
+    assert_eq!(worker.generate(&late[0]).await, 0);
+    converge("after the flush", &server, &worker, &universe).await;
+
+    assert_eq!(Stats::get(&bridge.stats.gaps), gaps, "no message was lost");
+    assert!(PublisherStats::get(&worker.publisher.batches) >= 8);
+    bridge.stop().await;
+    worker.stop().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn lost_messages_are_healed_from_the_replay_buffer() {
+    let server = IndexServer::start().await;
+    let mut config = config();
+    // Array-era events, and messages 1, 2 and 4 lost on the live path.
+    config.publisher.encoder.encoding = Encoding::Array;
+    config.publisher.drop.seqs = [1, 2, 4].into();
+    let worker = RunningWorker::start(config).await;
+    let bridge = RunningBridge::start(server.addr, &worker.endpoints);
+    server.wait_for_workers(1).await;
+
+    // Eight prompts, each a new batch (seqs 0..=7), evicting to the host as they go. (No
+    // warm-up here: the bridge heals from the replay buffer whatever the live stream lost.)
+    let prompts: Vec<Vec<u64>> = (1..=8).map(|k| (k * 100..k * 100 + 12).collect()).collect();
+    let universe = universe(&prompts);
+    for prompt in &prompts {
+        assert_eq!(worker.generate(prompt).await, 0);
+    }
+    converge("after lost messages", &server, &worker, &universe).await;
+    assert_eq!(PublisherStats::get(&worker.publisher.dropped), 3);
+    assert!(Stats::get(&bridge.stats.gaps) >= 1, "the bridge saw a gap");
+    bridge.stop().await;
+    worker.stop().await;
+    server.stop().await;
+}

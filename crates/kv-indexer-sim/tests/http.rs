@@ -1,0 +1,418 @@
+//! SGLang's HTTP API on the simulated worker, called through the axum router (no socket), and
+//! the events it publishes for the prompts it serves (read back from its replay ROUTER).
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{Request, StatusCode, header};
+use futures_util::StreamExt;
+use kv_events::frames::{ReplayFrame, parse_replay, replay_request};
+use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_indexer_client::tokenize::simple_tokenize;
+use kv_indexer_sim::config::SpeculativeAlgorithm;
+use kv_indexer_sim::timing::TimeModel;
+use kv_indexer_sim::{Config, Listeners, Worker};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const PAGE: usize = 4;
+
+fn config() -> Config {
+    let mut config = Config::default();
+    config.cache.page_size = PAGE;
+    config.cache.capacity_tokens = 64 * PAGE;
+    config
+}
+
+async fn worker(config: Config) -> Worker {
+    let listeners = Listeners::bind(&config).await.unwrap();
+    Worker::start(&config, listeners).await.unwrap()
+}
+
+async fn call(app: &Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Bytes) {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, bytes)
+}
+
+async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
+    let (status, bytes) = call(app, "POST", path, Some(body)).await;
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{path}: {e}: {}", String::from_utf8_lossy(&bytes)));
+    (status, value)
+}
+
+async fn get(app: &Router, path: &str) -> (StatusCode, Value) {
+    let (status, bytes) = call(app, "GET", path, None).await;
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_data(body: &[u8]) -> Vec<String> {
+    let text = std::str::from_utf8(body).unwrap();
+    text.split("\n\n")
+        .filter(|event| !event.is_empty())
+        .map(|event| {
+            event
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not a data event: {event:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+fn ids(range: std::ops::Range<u64>) -> Vec<u64> {
+    range.collect()
+}
+
+#[tokio::test]
+async fn generate_answers_in_sglang_shape_and_reports_cached_tokens() {
+    let worker = worker(config()).await;
+    let app = worker.router();
+    let request = json!({"input_ids": ids(0..10), "sampling_params": {"max_new_tokens": 5}});
+    let (status, first) = post(&app, "/generate", request.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["text"], " lorem ipsum dolor sit amet");
+    assert_eq!(first["output_ids"].as_array().unwrap().len(), 5);
+    let meta = &first["meta_info"];
+    assert_eq!(meta["prompt_tokens"], 10);
+    assert_eq!(meta["completion_tokens"], 5);
+    assert_eq!(meta["cached_tokens"], 0);
+    assert_eq!(
+        meta["finish_reason"],
+        json!({"type": "length", "length": 5})
+    );
+    assert!(
+        meta["id"].is_string() && meta["e2e_latency"].is_number(),
+        "{meta}"
+    );
+
+    // The two whole pages are cached now.
+    let (_, again) = post(&app, "/generate", request).await;
+    assert_eq!(again["meta_info"]["cached_tokens"], 8);
+    assert_eq!(again["text"], first["text"], "the filler is deterministic");
+    // A prompt of exactly two pages: its last token is always computed, so one page is a hit.
+    let (_, exact) = post(
+        &app,
+        "/generate",
+        json!({"input_ids": ids(0..8), "rid": "r-1"}),
+    )
+    .await;
+    assert_eq!(exact["meta_info"]["cached_tokens"], 4);
+    assert_eq!(exact["meta_info"]["id"], "r-1");
+    assert_eq!(
+        exact["meta_info"]["completion_tokens"], 128,
+        "SGLang's default"
+    );
+}
+
+#[tokio::test]
+async fn text_and_token_prompts_share_the_cache() {
+    let worker = worker(config()).await;
+    let app = worker.router();
+    let text = "one two three four five six seven eight nine";
+    let (_, first) = post(
+        &app,
+        "/generate",
+        json!({"text": text, "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    assert_eq!(first["meta_info"]["prompt_tokens"], 9);
+    let (_, again) = post(
+        &app,
+        "/generate",
+        json!({"input_ids": simple_tokenize(text), "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    assert_eq!(again["meta_info"]["cached_tokens"], 8);
+}
+
+#[tokio::test]
+async fn generate_streams_cumulative_chunks_then_done() {
+    let worker = worker(config()).await;
+    let app = worker.router();
+    let request = Request::post("/generate")
+        .body(Body::from(
+            json!({"input_ids": ids(0..6), "sampling_params": {"max_new_tokens": 3}, "stream": true})
+                .to_string(),
+        ))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "text/event-stream"
+    );
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let data = sse_data(&body);
+    assert_eq!(data.len(), 4, "{data:?}");
+    assert_eq!(data[3], "[DONE]");
+    let chunks: Vec<Value> = data[..3]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["text"], " lorem");
+    assert_eq!(chunks[1]["text"], " lorem ipsum");
+    assert_eq!(chunks[2]["text"], " lorem ipsum dolor");
+    assert!(chunks[0]["meta_info"]["finish_reason"].is_null());
+    assert_eq!(
+        chunks[2]["meta_info"]["finish_reason"],
+        json!({"type": "length", "length": 3})
+    );
+    assert_eq!(chunks[2]["meta_info"]["completion_tokens"], 3);
+}
+
+#[tokio::test]
+async fn completions_answer_in_openai_shape_with_cached_tokens() {
+    let worker = worker(config()).await;
+    let app = worker.router();
+    let (status, first) = post(
+        &app,
+        "/v1/completions",
+        json!({"model": "m", "prompt": ids(0..9), "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["object"], "text_completion");
+    assert_eq!(first["model"], "m");
+    assert_eq!(first["choices"][0]["text"], " lorem ipsum");
+    assert_eq!(first["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        first["usage"],
+        json!({"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11,
+               "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+    let (_, again) = post(
+        &app,
+        "/v1/completions",
+        json!({"prompt": [ids(0..9)], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
+    assert_eq!(again["model"], "kv-indexer-sim");
+    let (_, text) = post(&app, "/v1/completions", json!({"prompt": "a b c"})).await;
+    assert_eq!(text["usage"]["completion_tokens"], 16, "OpenAI's default");
+}
+
+#[tokio::test]
+async fn completions_stream_deltas_usage_then_done() {
+    let worker = worker(config()).await;
+    let app = worker.router();
+    let body = json!({"prompt": "a b c d e", "max_tokens": 3, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let (status, bytes) = call(&app, "POST", "/v1/completions", Some(body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&bytes);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let (usage, deltas) = chunks.split_last().unwrap();
+    let text: String = deltas
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, " lorem ipsum dolor");
+    assert!(
+        deltas[..deltas.len() - 1]
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"].is_null())
+    );
+    assert_eq!(
+        deltas.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 3);
+    assert_eq!(usage["usage"]["prompt_tokens"], 5);
+}
+
+#[tokio::test]
+async fn rejects_bad_requests_with_a_json_error() {
+    let mut config = config();
+    config.context_length = 100;
+    let worker = worker(config).await;
+    let app = worker.router();
+    for (path, body) in [
+        ("/generate", json!({})),
+        ("/generate", json!({"text": "a", "input_ids": [1]})),
+        ("/generate", json!({"text": ["a", "b"]})),
+        ("/generate", json!({"input_ids": [[1, 2], [3]]})),
+        ("/generate", json!({"input_ids": [1, -2]})),
+        ("/generate", json!({"input_ids": []})),
+        ("/generate", json!({"text": "   "})),
+        (
+            "/generate",
+            json!({"input_ids": ids(0..90), "sampling_params": {"max_new_tokens": 11}}),
+        ),
+        ("/v1/completions", json!({"prompt": {"a": 1}})),
+        ("/v1/completions", json!({"prompt": ["a", "b"]})),
+        ("/v1/completions", json!({"max_tokens": 3})),
+    ] {
+        let (status, error) = post(&app, path, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {body}: {error}");
+        assert_eq!(error["object"], "error");
+        assert_eq!(error["code"], 400);
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let (status, _) = call(&app, "POST", "/generate", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "an empty body");
+}
+
+#[tokio::test]
+async fn server_info_describes_the_kv_event_stream() {
+    let mut config = config();
+    config.replay_addr = Some("127.0.0.1:0".parse().unwrap());
+    config.speculative_algorithm = Some(SpeculativeAlgorithm::Eagle);
+    let worker = worker(config).await;
+    let endpoints = worker.endpoints();
+    let (status, info) = get(&worker.router(), "/server_info").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        info["kv_events"],
+        json!({
+            "endpoint_host": "127.0.0.1",
+            "endpoint_port_base": endpoints.kv_events.port(),
+            "topic": "kv-events",
+            "block_size": PAGE,
+            "dp_size": 1,
+            "replay_endpoint_port_base": endpoints.replay.unwrap().port(),
+        })
+    );
+    assert_eq!(info["speculative_algorithm"], "EAGLE");
+    assert_eq!(info["page_size"], PAGE);
+    let (_, alias) = get(&worker.router(), "/get_server_info").await;
+    assert_eq!(alias["kv_events"], info["kv_events"]);
+
+    let plain = self::worker(self::config()).await;
+    let (_, info) = get(&plain.router(), "/server_info").await;
+    assert!(info["speculative_algorithm"].is_null());
+    assert!(info["kv_events"].get("replay_endpoint_port_base").is_none());
+}
+
+#[tokio::test]
+async fn health_and_model_info_answer() {
+    let worker = worker(config()).await;
+    let app = worker.router();
+    let (status, body) = call(&app, "GET", "/health", None).await;
+    assert_eq!((status, body.len()), (StatusCode::OK, 0));
+    let (status, info) = get(&app, "/get_model_info").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(info["model_path"], "kv-indexer-sim");
+    assert_eq!(info["is_generation"], true);
+    let (_, models) = get(&app, "/v1/models").await;
+    assert_eq!(models["data"][0]["id"], "kv-indexer-sim");
+}
+
+#[tokio::test]
+async fn flush_cache_is_refused_while_a_request_runs() {
+    let mut config = config();
+    // The second token would come an hour later: the request stays running.
+    config.timing = TimeModel {
+        prefill_per_token: Duration::ZERO,
+        decode_per_token: Duration::from_secs(3600),
+    };
+    let worker = worker(config).await;
+    let app = worker.router();
+    let request = Request::post("/generate")
+        .body(Body::from(
+            json!({"input_ids": ids(0..8), "sampling_params": {"max_new_tokens": 2}, "stream": true})
+                .to_string(),
+        ))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let mut stream = response.into_body().into_data_stream();
+    // The first token comes at once (the second one an hour later).
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: {"), "{first:?}");
+
+    let (status, text) = call(&app, "POST", "/flush_cache", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(text.starts_with(b"Cache flushed."));
+    assert!(!worker.scheduler().snapshot().await.unwrap().held.is_empty());
+
+    // The client goes away: the request ends and releases its pages.
+    drop(stream);
+    let start = Instant::now();
+    loop {
+        let (status, _) = call(&app, "POST", "/flush_cache", None).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "never released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(worker.scheduler().snapshot().await.unwrap().held.is_empty());
+}
+
+/// The hashes of every `BlockStored` the worker published, read from its replay buffer.
+async fn published_stores(replay: std::net::SocketAddr) -> Vec<Vec<i64>> {
+    let mut dealer = DealerSocket::new();
+    dealer.connect(&format!("tcp://{replay}")).await.unwrap();
+    let frames: Vec<Bytes> = replay_request(0).into_iter().map(Bytes::from).collect();
+    dealer
+        .send(ZmqMessage::try_from(frames).unwrap())
+        .await
+        .unwrap();
+    let mut stores = Vec::new();
+    loop {
+        let frames = dealer.recv().await.unwrap().into_vec();
+        match parse_replay(&frames).unwrap() {
+            ReplayFrame::End => return stores,
+            ReplayFrame::Batch { payload, .. } => {
+                for event in kv_events::decode_batch(payload).unwrap().events {
+                    if let kv_events::Event::BlockStored(stored) = event {
+                        assert_eq!(stored.block_size as usize, PAGE);
+                        stores.push(stored.block_hashes);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn publishes_the_prompt_pages_with_sglang_block_hashes() {
+    for speculative in [None, Some(SpeculativeAlgorithm::Eagle3)] {
+        let mut config = config();
+        config.replay_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.speculative_algorithm = speculative;
+        let worker = worker(config).await;
+        let prompt = ids(100..111);
+        let (status, _) = post(
+            &worker.router(),
+            "/generate",
+            json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let bigram = speculative.is_some();
+        let hash = HashConfig {
+            block_size: PAGE,
+            bigram,
+        };
+        // 11 tokens: two whole pages (of tokens, or of the 10 bigrams).
+        let covered = if bigram { 9 } else { 8 };
+        let want = block_hashes(&prompt[..covered], hash, None);
+        assert_eq!(want.len(), 2);
+        let stores = published_stores(worker.endpoints().replay.unwrap()).await;
+        assert_eq!(stores, [want], "speculative {speculative:?}");
+    }
+}
