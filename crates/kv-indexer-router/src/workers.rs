@@ -14,6 +14,9 @@ pub struct Worker {
     /// Refused because its block size or hashing differs from the first worker's.
     refused: AtomicBool,
     active: AtomicUsize,
+    /// Requests sent so far: the tie-break between equally loaded workers, so that sequential
+    /// traffic spreads.
+    routed: AtomicUsize,
 }
 
 impl Worker {
@@ -60,6 +63,7 @@ impl Workers {
                     healthy: AtomicBool::new(true),
                     refused: AtomicBool::new(false),
                     active: AtomicUsize::new(0),
+                    routed: AtomicUsize::new(0),
                 })
                 .collect(),
         }
@@ -77,16 +81,18 @@ impl Workers {
             .collect()
     }
 
-    /// The routable worker with the fewest active requests (ties: the first), if any.
+    /// The routable worker with the fewest active requests (ties: the one sent fewest
+    /// requests so far, then the first), if any.
     pub fn least_loaded(&self, among: &[usize]) -> Option<usize> {
-        among
-            .iter()
-            .copied()
-            .min_by_key(|&i| (self.list[i].active(), i))
+        among.iter().copied().min_by_key(|&i| {
+            let worker = &self.list[i];
+            (worker.active(), worker.routed.load(Ordering::Relaxed), i)
+        })
     }
 
     pub fn start(self: &Arc<Self>, index: usize) -> LoadGuard {
         self.list[index].active.fetch_add(1, Ordering::Relaxed);
+        self.list[index].routed.fetch_add(1, Ordering::Relaxed);
         LoadGuard {
             workers: self.clone(),
             index,
