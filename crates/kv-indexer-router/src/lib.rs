@@ -53,6 +53,7 @@ pub fn state(
         }
         (PolicyName::CacheAware, _, _) => Policy::CacheAwareRadix {
             tree: Mutex::new(RadixTree::new(config.radix_max_tokens)),
+            min_matched_tokens: config.min_matched_tokens,
         },
         (PolicyName::RoundRobin, _, _) => Policy::RoundRobin(AtomicUsize::new(0)),
         (PolicyName::Random, _, _) => Policy::Random,

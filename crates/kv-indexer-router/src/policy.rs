@@ -83,6 +83,7 @@ pub enum Policy {
     },
     CacheAwareRadix {
         tree: Mutex<RadixTree>,
+        min_matched_tokens: usize,
     },
     RoundRobin(AtomicUsize),
     Random,
@@ -128,11 +129,16 @@ impl Policy {
                 };
                 plain(chosen, Reason::PowerOfTwo)
             }
-            Policy::CacheAwareRadix { tree } => {
+            Policy::CacheAwareRadix {
+                tree,
+                min_matched_tokens,
+            } => {
                 let mut tree = tree.lock();
-                let hit = tree.longest_match(tokens, |w| workers.list[w].is_routable());
-                let decision = match hit {
-                    Some((worker, matched)) if matched > 0 => Decision {
+                let (matched, holders) =
+                    tree.longest_match(tokens, |w| workers.list[w].is_routable());
+                // As with the Indexer: the longest usable match wins, ties by load.
+                let decision = match workers.least_loaded(&holders) {
+                    Some(worker) if matched > 0 && matched >= *min_matched_tokens => Decision {
                         worker,
                         reason: Reason::RadixHit,
                         matched_blocks: 0,

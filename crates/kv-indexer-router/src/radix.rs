@@ -51,14 +51,14 @@ impl RadixTree {
         self.nodes[id].as_mut().expect("live node")
     }
 
-    /// The eligible worker that was sent the longest prefix of `prompt`, with that prefix's
-    /// length in tokens (ties: the lower worker index).
+    /// The eligible workers that were sent the longest prefix of `prompt`, and that prefix's
+    /// length in tokens (0 and no workers when none shares a token).
     pub fn longest_match(
         &self,
         prompt: &[u64],
         eligible: impl Fn(usize) -> bool,
-    ) -> Option<(usize, usize)> {
-        let mut best: Option<(usize, std::cmp::Reverse<usize>)> = None;
+    ) -> (usize, Vec<usize>) {
+        let mut best: (usize, Vec<usize>) = (0, Vec::new());
         let mut node = ROOT;
         let mut matched = 0;
         while matched < prompt.len() {
@@ -72,17 +72,23 @@ impl RadixTree {
                 .take_while(|(a, b)| a == b)
                 .count();
             matched += common;
-            for &worker in self.node(child).workers.keys() {
-                if eligible(worker) {
-                    best = best.max(Some((matched, std::cmp::Reverse(worker))));
-                }
+            let mut here: Vec<usize> = self
+                .node(child)
+                .workers
+                .keys()
+                .copied()
+                .filter(|&w| eligible(w))
+                .collect();
+            if !here.is_empty() {
+                here.sort_unstable();
+                best = (matched, here);
             }
             if common < edge.len() {
                 break;
             }
             node = child;
         }
-        best.map(|(matched, std::cmp::Reverse(worker))| (worker, matched))
+        best
     }
 
     /// Records that `prompt` was sent to `worker`, then evicts down to the bound.
@@ -191,17 +197,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_the_worker_with_the_longest_shared_prefix() {
+    fn finds_the_workers_with_the_longest_shared_prefix() {
         let mut tree = RadixTree::new(1_000);
         tree.insert(&[1, 2, 3, 4, 5], 0);
         tree.insert(&[1, 2, 3, 9], 1);
-        assert_eq!(tree.longest_match(&[1, 2, 3, 4, 7], |_| true), Some((0, 4)));
-        assert_eq!(tree.longest_match(&[1, 2, 3, 9, 9], |_| true), Some((1, 4)));
-        assert_eq!(tree.longest_match(&[1, 2], |_| true), Some((0, 2)));
-        assert_eq!(tree.longest_match(&[7], |_| true), None);
+        assert_eq!(tree.longest_match(&[1, 2, 3, 4, 7], |_| true), (4, vec![0]));
+        assert_eq!(tree.longest_match(&[1, 2, 3, 9, 9], |_| true), (4, vec![1]));
+        assert_eq!(tree.longest_match(&[1, 2], |_| true), (2, vec![0, 1]));
+        assert_eq!(tree.longest_match(&[7], |_| true), (0, vec![]));
         assert_eq!(
             tree.longest_match(&[1, 2, 3, 4, 5], |w| w == 1),
-            Some((1, 3))
+            (3, vec![1])
         );
     }
 
@@ -211,8 +217,8 @@ mod tests {
         tree.insert(&[1, 2, 3, 4], 0);
         tree.insert(&[1, 2], 1);
         tree.insert(&[1, 2, 5], 2);
-        assert_eq!(tree.longest_match(&[1, 2, 3, 4], |_| true), Some((0, 4)));
-        assert_eq!(tree.longest_match(&[1, 2, 5], |_| true), Some((2, 3)));
+        assert_eq!(tree.longest_match(&[1, 2, 3, 4], |_| true), (4, vec![0]));
+        assert_eq!(tree.longest_match(&[1, 2, 5], |_| true), (3, vec![2]));
         assert_eq!(tree.tokens(), 5);
     }
 
@@ -224,8 +230,8 @@ mod tests {
         tree.insert(&[1, 2, 3, 4], 0); // touch
         tree.insert(&[9, 9, 9, 9], 2);
         assert!(tree.tokens() <= 8);
-        assert_eq!(tree.longest_match(&[5, 6, 7, 8], |_| true), None);
-        assert_eq!(tree.longest_match(&[1, 2, 3, 4], |_| true), Some((0, 4)));
-        assert_eq!(tree.longest_match(&[9, 9, 9, 9], |_| true), Some((2, 4)));
+        assert_eq!(tree.longest_match(&[5, 6, 7, 8], |_| true), (0, vec![]));
+        assert_eq!(tree.longest_match(&[1, 2, 3, 4], |_| true), (4, vec![0]));
+        assert_eq!(tree.longest_match(&[9, 9, 9, 9], |_| true), (4, vec![2]));
     }
 }
