@@ -1,22 +1,28 @@
 //! Trace replay: the Mooncake conversation trace (`benches/data/`) spread over W workers, with
 //! each 512-token trace block split into k pages.
 //!
-//! For every configuration (workers × split):
+//! For every configuration (workers × split × chain hints off/on):
 //! 1. ingest: for each request, ask `match_prefix` for the longest prefix, then REPORT (HBM,
-//!    legacy: no masks) the pages the request's worker lacks; only the applies are timed;
+//!    legacy: no masks) the pages the request's worker lacks; only the applies are timed. With
+//!    hints on, each REPORT carries `parent_block_hash` (the page before its first, when there is
+//!    one), as a bridge does from SGLang's `BlockStored.parent_block_hash`;
 //! 2. steady state: every request's `match_prefix` again, each one timed;
 //! 3. memory: live heap bytes of the built index (a counting global allocator) per placement;
 //! 4. REVOKE of every placement, per worker, in applies of at most 16,384 hashes;
 //! 5. CLEAR_ALL_AT_TIER (HBM) per worker, on a second identical index.
 //!
+//! Hints may change how the index stores chains, never an answer: the steady-state answers of
+//! both hint modes are digested and must be identical (the run fails otherwise).
+//!
 //! Page hashes model SGLang's chained hashes: page j of a request's i-th trace block is
 //! `mix(hash of the previous page in the request, trace id, j)`, so a page hash identifies its
 //! whole prefix, and equal trace prefixes give equal pages.
 //!
-//! Usage: `cargo bench -p kv-index --bench replay [-- WORKERS [SPLITS]]`, where each is a
-//! comma-separated list (`-- 128 32`, `-- 16,1000 1`). The environment variables
-//! `REPLAY_WORKERS`, `REPLAY_SPLITS`, `REPLAY_REQUESTS` (use only the first N requests) and
-//! `REPLAY_TRACE` (another trace file) do the same. Default: workers 16,128,1000 × splits 1,32.
+//! Usage: `cargo bench -p kv-index --bench replay [-- WORKERS [SPLITS [HINTS]]]`, where each is
+//! a comma-separated list (`-- 128 32`, `-- 16,1000 1 on`); HINTS are `off` and/or `on`. The
+//! environment variables `REPLAY_WORKERS`, `REPLAY_SPLITS`, `REPLAY_HINTS`, `REPLAY_REQUESTS`
+//! (use only the first N requests) and `REPLAY_TRACE` (another trace file) do the same. Default:
+//! workers 16,128,1000 × splits 1,32 × hints off,on.
 
 // The workspace denies unsafe code; the only unsafe here is the `GlobalAlloc` impl below, which
 // wraps `System` to count live heap bytes and cannot be written without `unsafe`.
@@ -27,13 +33,22 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kv_index::{ActionRequest, ApplyRequest, Index, MAX_HASHES_PER_REQUEST, Tier};
+use kv_index::{ActionRequest, ApplyRequest, Index, MAX_HASHES_PER_REQUEST, PrefixAnswer, Tier};
 use serde::Deserialize;
 
 /// `System`, counting the bytes currently allocated (as requested, without malloc overhead).
+///
+/// The benchmark is single-threaded, so the counter is updated with a plain load and store,
+/// which is exact here and costs nothing; a locked read-modify-write would add ~20 cycles to
+/// every allocation of the timed code (256 of them per 128-worker prefix answer).
 struct CountingAlloc;
 
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+fn count(add: usize, sub: usize) {
+    let live = LIVE_BYTES.load(Ordering::Relaxed);
+    LIVE_BYTES.store(live.wrapping_add(add).wrapping_sub(sub), Ordering::Relaxed);
+}
 
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged and only
 // updates a counter, so `System`'s guarantees carry over.
@@ -42,7 +57,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         // SAFETY: forwarded with the caller's guarantees.
         let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+            count(layout.size(), 0);
         }
         ptr
     }
@@ -51,7 +66,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         // SAFETY: forwarded with the caller's guarantees.
         let ptr = unsafe { System.alloc_zeroed(layout) };
         if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+            count(layout.size(), 0);
         }
         ptr
     }
@@ -59,15 +74,14 @@ unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { System.dealloc(ptr, layout) };
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        count(0, layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded with the caller's guarantees.
         let new = unsafe { System.realloc(ptr, layout, new_size) };
         if !new.is_null() {
-            LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
-            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+            count(new_size, layout.size());
         }
         new
     }
@@ -220,6 +234,19 @@ fn action(action_type: i32, hashes: Vec<i64>, block_sizes: Vec<u32>) -> ActionRe
     }
 }
 
+/// A digest of a prefix answer, to compare runs.
+fn digest(state: u64, answer: &PrefixAnswer) -> u64 {
+    let mut state = splitmix64(state ^ u64::from(answer.blocks_read));
+    state = splitmix64(state ^ u64::from(answer.best_prefix_blocks));
+    for m in &answer.matches {
+        for byte in m.worker_id.bytes().chain(m.worker_address.bytes()) {
+            state = splitmix64(state ^ u64::from(byte));
+        }
+        state = splitmix64(state ^ u64::from(m.matched_prefix_blocks));
+    }
+    state
+}
+
 /// Validates (untimed) and applies (timed) one request; returns the apply time.
 fn timed_apply(index: &mut Index, request: ApplyRequest) -> Duration {
     let valid = request
@@ -248,6 +275,7 @@ fn ingest(
     pages: &Pages,
     fleet: &mut Fleet,
     page_tokens: u32,
+    hints: bool,
     reported_from: &mut [usize],
 ) -> Ingest {
     let mut reported = 0;
@@ -265,8 +293,12 @@ fn ingest(
             .map_or(0, |m| m.matched_prefix_blocks as usize);
         drop(answer);
         *from = held;
-        for chunk in hashes[held..].chunks(MAX_HASHES_PER_REQUEST) {
-            let report = action(REPORT, chunk.to_vec(), vec![page_tokens; chunk.len()]);
+        for (i, chunk) in hashes[held..].chunks(MAX_HASHES_PER_REQUEST).enumerate() {
+            let mut report = action(REPORT, chunk.to_vec(), vec![page_tokens; chunk.len()]);
+            let start = held + i * MAX_HASHES_PER_REQUEST;
+            if hints && start > 0 {
+                report.parent_block_hash = Some(hashes[start - 1]);
+            }
             let first = !std::mem::replace(&mut seen[worker], true);
             let request = fleet.apply_request(worker, report);
             let time = timed_apply(index, request);
@@ -287,6 +319,9 @@ fn ingest(
 struct Row {
     workers: usize,
     split: u32,
+    hints: bool,
+    /// Digest of every steady-state answer.
+    answers: u64,
     requests: usize,
     placements: usize,
     blocks: usize,
@@ -311,7 +346,7 @@ fn per_second(count: usize, time: Duration) -> f64 {
     count as f64 / time.as_secs_f64()
 }
 
-fn run(trace: &[Vec<u64>], workers: usize, split: u32) -> Row {
+fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool) -> Row {
     let page_tokens = TRACE_BLOCK_TOKENS / split;
     let pages = Pages::new(trace, split);
     let requests = pages.len();
@@ -328,6 +363,7 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32) -> Row {
         &pages,
         &mut fleet,
         page_tokens,
+        hints,
         &mut reported_from,
     );
     let index_bytes = live_bytes().saturating_sub(before);
@@ -343,6 +379,7 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32) -> Row {
     let mut blocks_read = 0u64;
     let mut matches = 0u64;
     let mut query_pages = 0u64;
+    let mut answers = 0u64;
     for r in 0..requests {
         let hashes = pages.request(r);
         let start = Instant::now();
@@ -350,6 +387,7 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32) -> Row {
         let elapsed = start.elapsed();
         let answer = black_box(answer).expect("valid query");
         latencies_ns.push(elapsed.as_nanos() as u64);
+        answers = digest(answers, &answer);
         blocks_read += u64::from(answer.blocks_read);
         matches += answer.matches.len() as u64;
         query_pages += hashes.len() as u64;
@@ -403,6 +441,7 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32) -> Row {
         &pages,
         &mut fleet,
         page_tokens,
+        hints,
         &mut reported_from,
     );
     assert_eq!(index.stats(), stats, "the rebuild is identical");
@@ -418,6 +457,8 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32) -> Row {
     Row {
         workers,
         split,
+        hints,
+        answers,
         requests,
         placements: stats.placements,
         blocks: stats.blocks,
@@ -478,6 +519,18 @@ fn main() {
         Some(list) => parse_list(&list, "splits"),
         None => DEFAULT_SPLITS.to_vec(),
     };
+    let hint_modes: Vec<bool> = match args.get(2).cloned().or_else(|| env("REPLAY_HINTS")) {
+        Some(list) => list
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| match s.trim() {
+                "off" => false,
+                "on" => true,
+                other => panic!("hints: {other:?} is neither off nor on"),
+            })
+            .collect(),
+        None => vec![false, true],
+    };
     for &split in &splits {
         assert!(
             split > 0 && TRACE_BLOCK_TOKENS.is_multiple_of(split),
@@ -497,9 +550,10 @@ fn main() {
     println!();
 
     let header = format!(
-        "{:>7} {:>5} {:>8} {:>11} {:>10} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9}",
+        "{:>7} {:>5} {:>5} {:>8} {:>11} {:>10} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9}",
         "workers",
         "split",
+        "hints",
         "requests",
         "placements",
         "blocks",
@@ -513,30 +567,57 @@ fn main() {
         "clear"
     );
     let units = format!(
-        "{:>7} {:>5} {:>8} {:>11} {:>10} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9}",
-        "", "", "", "", "", "M blk/s", "µs", "µs", "µs", "blocks", "bytes", "M blk/s", "M blk/s"
+        "{:>7} {:>5} {:>5} {:>8} {:>11} {:>10} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9}",
+        "",
+        "",
+        "",
+        "",
+        "",
+        "",
+        "M blk/s",
+        "µs",
+        "µs",
+        "µs",
+        "blocks",
+        "bytes",
+        "M blk/s",
+        "M blk/s"
     );
     let mut rows = Vec::new();
     for &split in &splits {
         for &w in &workers {
-            eprintln!("running {w} workers × split {split} ...");
-            let row = run(&trace, w, split);
-            eprintln!(
-                "  done: {} placements, {} blocks, build {:.1} s",
-                row.placements,
-                row.blocks,
-                row.build_time.as_secs_f64()
-            );
-            rows.push(row);
+            for &hints in &hint_modes {
+                let mode = if hints { "on" } else { "off" };
+                eprintln!("running {w} workers × split {split}, hints {mode} ...");
+                let row = run(&trace, w, split, hints);
+                eprintln!(
+                    "  done: {} placements, {} blocks, build {:.1} s",
+                    row.placements,
+                    row.blocks,
+                    row.build_time.as_secs_f64()
+                );
+                if let Some(other) = rows
+                    .iter()
+                    .find(|r: &&Row| r.workers == w && r.split == split)
+                {
+                    assert_eq!(
+                        (other.answers, other.placements, other.blocks),
+                        (row.answers, row.placements, row.blocks),
+                        "chain hints changed an answer ({w} workers, split {split})"
+                    );
+                }
+                rows.push(row);
+            }
         }
     }
     println!("{header}");
     println!("{units}");
     for r in &rows {
         println!(
-            "{:>7} {:>5} {:>8} {:>11} {:>10} {:>9.2} {:>8.1} {:>8.1} {:>8.1} {:>10.1} {:>9.1} {:>9.2} {:>9.2}",
+            "{:>7} {:>5} {:>5} {:>8} {:>11} {:>10} {:>9.2} {:>8.1} {:>8.1} {:>8.1} {:>10.1} {:>9.1} {:>9.2} {:>9.2}",
             r.workers,
             r.split,
+            if r.hints { "on" } else { "off" },
             r.requests,
             r.placements,
             r.blocks,
@@ -550,13 +631,18 @@ fn main() {
             r.clear_mps
         );
     }
+    if hint_modes.len() > 1 {
+        println!();
+        println!("steady-state answers identical with and without chain hints (digests checked)");
+    }
     println!();
     println!("detail: steady-state queries (hashes per query, workers per answer, time per block");
     println!("read) and ingest apply time, of which the first apply of each worker");
     println!(
-        "{:>7} {:>5} {:>12} {:>12} {:>14} {:>10} {:>15}",
+        "{:>7} {:>5} {:>5} {:>12} {:>12} {:>14} {:>10} {:>15}",
         "workers",
         "split",
+        "hints",
         "mean hashes",
         "mean matches",
         "ns/block read",
@@ -565,9 +651,10 @@ fn main() {
     );
     for r in &rows {
         println!(
-            "{:>7} {:>5} {:>12.1} {:>12.2} {:>14.1} {:>10.1} {:>15.1}",
+            "{:>7} {:>5} {:>5} {:>12.1} {:>12.2} {:>14.1} {:>10.1} {:>15.1}",
             r.workers,
             r.split,
+            if r.hints { "on" } else { "off" },
             r.mean_query_pages,
             r.mean_matches,
             r.mean_ns_per_block_read,

@@ -6,13 +6,16 @@
 //!
 //! - [`types`]: domain types (tiers, actions, specs, requests, answers);
 //! - [`validate`]: every validation rule of the contract, as [`ValidationError`];
-//! - `index`: the state and its layout, and apply (REPORT / REVOKE / CLEAR_ALL_AT_TIER);
+//! - `index`: the state and its layout (chunks of chained hashes cut into pieces of equal
+//!   placements), and apply (REPORT / REVOKE / CLEAR_ALL_AT_TIER);
+//! - `table`: the block hash table (hash -> position in a chunk);
 //! - `prefix`: the longest-prefix scan (`MatchExternalKvPrefix`);
 //! - `lookup`: exact lookups (`MatchExternalKv`) and hit counts.
 
 mod index;
 mod lookup;
 mod prefix;
+mod table;
 pub mod types;
 pub mod validate;
 

@@ -9,7 +9,8 @@ use crate::validate::{ValidationError, validate_lookup};
 
 /// The hashes in order, duplicates after the first dropped.
 fn dedup_in_order(hashes: &[i64]) -> Vec<i64> {
-    let mut seen: HashSet<i64, FxBuildHasher> = HashSet::with_capacity_and_hasher(hashes.len(), FxBuildHasher);
+    let mut seen: HashSet<i64, FxBuildHasher> =
+        HashSet::with_capacity_and_hasher(hashes.len(), FxBuildHasher);
     hashes.iter().copied().filter(|h| seen.insert(*h)).collect()
 }
 
@@ -24,12 +25,21 @@ impl Index {
         let mut nodes: Vec<(u32, [TierHashes; 3])> = Vec::new();
         let mut holders: Vec<(u32, Tier, u32)> = Vec::new();
         for hash in dedup_in_order(hashes) {
-            let Some(block) = self.blocks.get(&hash) else {
+            let Some(found) = self.locate(hash) else {
                 continue;
             };
+            let chunk = &self.chunks[found.chunk as usize];
+            let tokens = chunk.tokens_at(found.offset as usize);
             holders.clear();
-            holders.extend(block.placements.iter().map(|p| (p.worker(), p.tier(), p.mask)));
-            holders.sort_unstable_by_key(|&(worker, tier, _)| (self.workers[worker as usize].rank, tier));
+            holders.extend(
+                chunk.pieces[found.piece as usize]
+                    .placements
+                    .iter()
+                    .map(|p| (p.worker(), p.tier(), p.mask)),
+            );
+            holders.sort_unstable_by_key(|&(worker, tier, _)| {
+                (self.workers[worker as usize].rank, tier)
+            });
             for &(worker, tier, mask) in &holders {
                 let slot = &mut slot_of[worker as usize];
                 if *slot == u32::MAX {
@@ -47,7 +57,7 @@ impl Index {
                 let group = &mut nodes[*slot as usize].1[tier.index()];
                 group.hashes.push(hash);
                 group.component_masks.push(mask);
-                group.block_sizes.push(block.tokens);
+                group.block_sizes.push(tokens);
             }
         }
         Ok(nodes
@@ -67,8 +77,8 @@ impl Index {
     /// `count_as_hit` of `MatchExternalKv`).
     pub fn count_hits(&mut self, hashes: &[i64]) {
         for hash in dedup_in_order(hashes) {
-            if let Some(block) = self.blocks.get_mut(&hash) {
-                block.has_hits = true;
+            if let Some(found) = self.locate(hash) {
+                self.note_hits(found.chunk);
                 *self.hits.entry(hash).or_insert(0) += 1;
             }
         }

@@ -7,10 +7,21 @@
 //! - a legacy worker at its first gap when it holds no non-zero mask anywhere, or at the first
 //!   considered block where it shows a non-zero mask (it then fails closed with prefix 0).
 //!
+//! The scan goes a *segment* at a time: a stretch of the query that matches consecutive
+//! positions of one piece of a chunk (see `index`). After one hash-table probe for its first
+//! hash, a segment is found by comparing the query with the chunk's hash array; every block in it
+//! has the same placements, so each candidate steps over the whole segment at once (only SWA needs
+//! the segment's token sum, and only the run after the segment decides its boundary). When a
+//! segment ends at the end of its piece, the next piece of the same chunk is tried before probing
+//! again. A query hash nobody holds is a segment of one block without placements.
+//!
 //! `blocks_read` counts the blocks examined: block 0 always, then each block while some
-//! candidate is unsettled, up to `n`.
+//! candidate is unsettled, up to `n`. Candidates settle only at the first block of a segment, so
+//! the scan ends right there.
 
-use crate::index::{Block, Index};
+use smallvec::{SmallVec, smallvec};
+
+use crate::index::{Chunk, Found, Index};
 use crate::types::{
     COMPONENT_FULL, COMPONENT_MAMBA, COMPONENT_SWA, PrefixAnswer, PrefixMatch, Tier,
 };
@@ -18,18 +29,19 @@ use crate::validate::{ValidationError, validate_prefix};
 
 const NO_SLOT: u32 = u32::MAX;
 
-/// Lookups issued together while scanning: the first window and the largest.
-const MIN_WINDOW: usize = 4;
-const MAX_WINDOW: usize = 32;
+/// Scratch kept on the stack up to these sizes (see the end of `match_prefix`).
+const INLINE_WORKERS: usize = 256;
+const INLINE_CANDIDATES: usize = 128;
 
 /// The per-candidate scan state.
 #[derive(Debug, Clone)]
 struct Candidate {
-    worker: u32,
+    /// The worker's rank (its position in worker-id order).
+    rank: u32,
     rule: Rule,
     prefix: u32,
-    /// What this candidate holds in the block being examined, valid when `seen_at` is its
-    /// position + 1.
+    /// What this candidate holds in the segment being examined, valid when `seen_at` is its
+    /// first position + 1.
     seen_at: u32,
     held: bool,
     nonzero: bool,
@@ -53,11 +65,33 @@ enum Rule {
     },
 }
 
+/// The segment being examined: query positions `start..end`, stored at `offset..` of `chunk`
+/// (none when the block does not exist).
+struct Segment<'a> {
+    start: u32,
+    end: u32,
+    chunk: Option<&'a Chunk>,
+    offset: usize,
+    /// The token sum, computed on first need.
+    tokens: Option<u64>,
+}
+
+impl Segment<'_> {
+    fn tokens(&mut self) -> u64 {
+        *self.tokens.get_or_insert_with(|| {
+            self.chunk.map_or(0, |chunk| {
+                let len = (self.end - self.start) as usize;
+                chunk.token_sum(self.offset, self.offset + len)
+            })
+        })
+    }
+}
+
 impl Candidate {
-    /// Folds one placement of the block being examined into this candidate's view of it.
-    fn observe(&mut self, position: u32, tier: Tier, mask: u32) {
-        if self.seen_at != position + 1 {
-            self.seen_at = position + 1;
+    /// Folds one placement of the segment being examined into this candidate's view of it.
+    fn observe(&mut self, stamp: u32, tier: Tier, mask: u32) {
+        if self.seen_at != stamp {
+            self.seen_at = stamp;
             self.held = false;
             self.nonzero = false;
             self.available = 0;
@@ -69,9 +103,10 @@ impl Candidate {
         }
     }
 
-    /// Advances over block `position`; returns whether the candidate is now settled.
-    fn step(&mut self, position: u32, block: Option<&Block>) -> bool {
-        let seen = self.seen_at == position + 1;
+    /// Advances over the segment (every block of it alike); returns whether the candidate is
+    /// now settled (at the segment's first block).
+    fn step(&mut self, segment: &mut Segment<'_>) -> bool {
+        let seen = self.seen_at == segment.start + 1;
         let (held, nonzero, available) = if seen {
             (self.held, self.nonzero, self.available)
         } else {
@@ -87,7 +122,7 @@ impl Candidate {
                     return true;
                 }
                 if held && !*gap {
-                    self.prefix = position + 1;
+                    self.prefix = segment.end;
                     return false;
                 }
                 if !held {
@@ -105,11 +140,12 @@ impl Candidate {
                 if available & COMPONENT_FULL == 0 {
                     return true;
                 }
+                // Within the segment the SWA run only grows, so its last block is a boundary
+                // whenever any of its blocks is.
                 let mut boundary = true;
                 if *components & COMPONENT_SWA != 0 {
                     if available & COMPONENT_SWA != 0 {
-                        let tokens = block.map_or(0, |b| b.tokens);
-                        *swa_run = swa_run.saturating_add(u64::from(tokens));
+                        *swa_run = swa_run.saturating_add(segment.tokens());
                     } else {
                         *swa_run = 0;
                         *swa_broken = true;
@@ -120,12 +156,32 @@ impl Candidate {
                     boundary &= available & COMPONENT_MAMBA != 0;
                 }
                 if boundary {
-                    self.prefix = position + 1;
+                    self.prefix = segment.end;
                 }
                 false
             }
         }
     }
+}
+
+/// How many leading elements `a` and `b` share.
+fn common_prefix(a: &[i64], b: &[i64]) -> usize {
+    const LANES: usize = 8;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut same = 0;
+    for (x, y) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
+        let diff = x.iter().zip(y).fold(0, |acc, (x, y)| acc | (x ^ y));
+        if diff != 0 {
+            break;
+        }
+        same += LANES;
+    }
+    same + a[same..]
+        .iter()
+        .zip(&b[same..])
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 impl Index {
@@ -140,17 +196,18 @@ impl Index {
             0 => hashes.len(),
             max => hashes.len().min(max as usize),
         };
-        let Some(first) = self.blocks.get(&hashes[0]) else {
+        let Some(first) = self.locate(hashes[0]) else {
             return Ok(PrefixAnswer {
                 blocks_read: 1,
                 ..PrefixAnswer::default()
             });
         };
 
-        let mut slot_of = vec![NO_SLOT; self.workers.len()];
-        let mut candidates: Vec<Candidate> = Vec::new();
-        let mut active: Vec<u32> = Vec::new();
-        for placement in &first.placements {
+        let first_piece = &self.chunks[first.chunk as usize].pieces[first.piece as usize];
+        let mut slot_of: SmallVec<[u32; INLINE_WORKERS]> = smallvec![NO_SLOT; self.workers.len()];
+        let mut candidates: SmallVec<[Candidate; INLINE_CANDIDATES]> = SmallVec::new();
+        let mut active: SmallVec<[u32; INLINE_CANDIDATES]> = SmallVec::new();
+        for placement in &first_piece.placements {
             let worker = placement.worker();
             if slot_of[worker as usize] != NO_SLOT {
                 continue;
@@ -163,56 +220,94 @@ impl Index {
             candidates.push(candidate);
         }
 
-        // Block 0 is always examined; later blocks are looked up a window at a time so that
-        // the hash-table misses of independent lookups overlap. The window starts small (most
-        // scans settle early) and doubles up to `MAX_WINDOW`.
-        let mut examine = |position: usize, block: Option<&Block>| {
-            let position = position as u32;
-            if let Some(block) = block {
-                for placement in &block.placements {
+        let mut at: Option<Found> = Some(first);
+        let mut pos = 0usize;
+        let mut blocks_read = n;
+        loop {
+            let mut segment = Segment {
+                start: pos as u32,
+                end: pos as u32 + 1,
+                chunk: None,
+                offset: 0,
+                tokens: None,
+            };
+            let mut piece_end = 0;
+            if let Some(found) = at {
+                let chunk = &self.chunks[found.chunk as usize];
+                let offset = found.offset as usize;
+                piece_end = chunk.piece_end(found.piece as usize);
+                let limit = (piece_end - offset).min(n - pos);
+                let len = 1 + common_prefix(
+                    &hashes[pos + 1..pos + limit],
+                    &chunk.hashes[offset + 1..offset + limit],
+                );
+                segment.end = (pos + len) as u32;
+                segment.chunk = Some(chunk);
+                segment.offset = offset;
+                let stamp = pos as u32 + 1;
+                for placement in &chunk.pieces[found.piece as usize].placements {
                     let slot = slot_of[placement.worker() as usize];
                     if slot != NO_SLOT {
-                        candidates[slot as usize].observe(position, placement.tier(), placement.mask);
+                        candidates[slot as usize].observe(stamp, placement.tier(), placement.mask);
                     }
                 }
             }
-            active.retain(|&slot| !candidates[slot as usize].step(position, block));
-            active.is_empty()
-        };
-        let mut examined = 1;
-        let mut settled = examine(0, Some(first));
-        let mut window = MIN_WINDOW;
-        let mut found: [Option<&Block>; MAX_WINDOW] = [None; MAX_WINDOW];
-        while !settled && examined < n {
-            let end = (examined + window).min(n);
-            for (slot, hash) in found.iter_mut().zip(&hashes[examined..end]) {
-                *slot = self.blocks.get(hash);
+            active.retain(|slot| !candidates[*slot as usize].step(&mut segment));
+            if active.is_empty() {
+                blocks_read = pos + 1;
+                break;
             }
-            for (offset, block) in found[..end - examined].iter().enumerate() {
-                settled = examine(examined + offset, *block);
-                if settled {
-                    examined += offset;
-                    break;
-                }
+            let len = (segment.end - segment.start) as usize;
+            pos += len;
+            if pos >= n {
+                break;
             }
-            examined = if settled { examined + 1 } else { end };
-            window = (window * 2).min(MAX_WINDOW);
+            // The next piece of the same chunk when the segment ran to the end of its piece and
+            // the query goes on there; otherwise a probe.
+            at = at
+                .and_then(|found| {
+                    let chunk = &self.chunks[found.chunk as usize];
+                    let next = found.offset as usize + len;
+                    let piece = found.piece as usize + 1;
+                    (next == piece_end
+                        && chunk.hashes.get(next) == Some(&hashes[pos])
+                        && !chunk.pieces[piece].placements.is_empty())
+                    .then_some(Found {
+                        chunk: found.chunk,
+                        offset: next as u32,
+                        piece: piece as u32,
+                    })
+                })
+                .or_else(|| self.locate(hashes[pos]));
         }
-        let position = examined as u32;
+        let position = blocks_read as u32;
 
-        let mut matches: Vec<&Candidate> = candidates.iter().filter(|c| c.prefix > 0).collect();
-        matches.sort_unstable_by_key(|c| (std::cmp::Reverse(c.prefix), self.workers[c.worker as usize].rank));
-        let matches: Vec<PrefixMatch> = matches
-            .into_iter()
-            .map(|c| {
-                let worker = &self.workers[c.worker as usize];
-                PrefixMatch {
-                    worker_address: worker.address.clone(),
-                    matched_prefix_blocks: c.prefix,
-                    worker_id: worker.id.clone(),
-                }
+        // Longest prefix first, ties by rank (worker-id order): one packed key per match.
+        let mut order: SmallVec<[u64; INLINE_CANDIDATES]> = candidates
+            .iter()
+            .filter(|c| c.prefix > 0)
+            .map(|c| (u64::from(!c.prefix) << 32) | u64::from(c.rank))
+            .collect();
+        order.sort_unstable();
+        // The answer's strings are cloned before its vector is allocated: all scratch so far is
+        // on the stack, so the strings reuse the previous answer's freed ones straight from the
+        // allocator's small-size caches, and the one large request comes last (glibc would
+        // otherwise first consolidate every cached small chunk).
+        let strings: SmallVec<[(String, String); INLINE_CANDIDATES]> = order
+            .iter()
+            .map(|&key| {
+                let worker = &self.workers[self.by_rank[key as u32 as usize] as usize];
+                (worker.address.clone(), worker.id.clone())
             })
             .collect();
+        let mut matches = Vec::with_capacity(order.len());
+        for (key, (worker_address, worker_id)) in order.into_iter().zip(strings) {
+            matches.push(PrefixMatch {
+                worker_address,
+                matched_prefix_blocks: !((key >> 32) as u32),
+                worker_id,
+            });
+        }
         Ok(PrefixAnswer {
             best_prefix_blocks: matches.first().map_or(0, |m| m.matched_prefix_blocks),
             matches,
@@ -244,7 +339,7 @@ impl Index {
             ),
         };
         let candidate = Candidate {
-            worker,
+            rank: w.rank,
             rule,
             prefix: 0,
             seen_at: 0,

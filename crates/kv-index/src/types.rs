@@ -151,6 +151,9 @@ pub struct Action {
     pub component_masks: Vec<u32>,
     /// Empty (unknown) or aligned with `hashes`.
     pub block_sizes: Vec<u32>,
+    /// The chain hint, as sent: the parent of `hashes[0]`, each later hash the child of the one
+    /// before. Only a storage hint (which run to extend); it never changes an answer.
+    pub parent_block_hash: Option<i64>,
 }
 
 /// An apply that passed validation; only [`ApplyRequest::validate`] makes one, so applying it

@@ -26,11 +26,15 @@ pub enum ValidationError {
     TooManyApplyHashes { count: usize },
     #[error("action {action}: tier {value} is not a known tier (TIER_UNKNOWN or undefined)")]
     UnknownTier { action: usize, value: i32 },
-    #[error("action {action}: type {value} is not a known action type (ACTION_UNKNOWN or undefined)")]
+    #[error(
+        "action {action}: type {value} is not a known action type (ACTION_UNKNOWN or undefined)"
+    )]
     UnknownActionType { action: usize, value: i32 },
     #[error("action {action}: {kind:?} needs at least one hash")]
     EmptyAction { action: usize, kind: ActionKind },
-    #[error("action {action}: {field} has {len} entries for {hashes} hashes; must be empty or equal")]
+    #[error(
+        "action {action}: {field} has {len} entries for {hashes} hashes; must be empty or equal"
+    )]
     MisalignedSideArray {
         action: usize,
         field: &'static str,
@@ -109,6 +113,7 @@ impl ApplyRequest {
                 hashes: action.hashes,
                 component_masks: action.component_masks,
                 block_sizes: action.block_sizes,
+                parent_block_hash: action.parent_block_hash,
             });
         }
         Ok(ValidApply {

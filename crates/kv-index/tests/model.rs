@@ -3,6 +3,13 @@
 //! the documented decisions only), and every answer, error and `stats()` must be identical after
 //! every operation.
 //!
+//! Chain hints (`parent_block_hash`) only steer how the index stores hashes, never an answer. So
+//! every case runs three indexes against the one model: one fed the requests as generated (true
+//! hints on long chains delivered in pieces, random and lying ones elsewhere), one fed them with
+//! every hint stripped, and one where every REPORT claims to continue the previous REPORT (true
+//! for a chain delivered in pieces, a lie otherwise). Each index also checks its own internal
+//! invariants after every step.
+//!
 //! The case count defaults to 2000 and can be overridden with `KV_INDEX_MODEL_CASES`.
 
 #[path = "model/reference.rs"]
@@ -77,13 +84,23 @@ enum Op {
     },
 }
 
+/// The chain hint of a long chain's pieces.
+#[derive(Debug, Clone, Copy)]
+enum Hint {
+    None,
+    /// The true parent: the hash before the piece's first.
+    True,
+    /// The true parent plus this (non-zero) offset.
+    Lie(i64),
+}
+
 /// Long chains (far longer than the other actions) make an index that walks chain runs
 /// (`parent_block_hash`) do so over many blocks, then break them in the middle.
 #[derive(Debug, Clone)]
 enum LongChain {
     /// REPORT `start .. start + len` at one tier, split into `pieces` consecutive actions, each
-    /// with a chain hint (`hints`: consistent; otherwise absent) and all masks `mask` except
-    /// at `holes` (position modulo `len`, mask).
+    /// with a chain hint (`hints`) and all masks `mask` except at `holes` (position modulo
+    /// `len`, mask).
     Report {
         worker: usize,
         address: u8,
@@ -91,7 +108,7 @@ enum LongChain {
         start: i64,
         len: usize,
         pieces: usize,
-        hints: bool,
+        hints: Hint,
         mask: Option<u32>,
         holes: Vec<(usize, u32)>,
         size: Option<u32>,
@@ -347,12 +364,16 @@ fn long_chain() -> BoxedStrategy<LongChain> {
     let report = (
         (0usize..WORKERS.len(), 0u8..10, 1i32..=3),
         (
-            prop_oneof![3 => Just(0i64), 1 => -2i64..12],
+            prop_oneof![3 => Just(0i64), 1 => -2i64..12, 2 => 0i64..300],
             12usize..300,
-            1usize..5,
+            prop_oneof![3 => 1usize..5, 1 => 5usize..40],
         ),
         (
-            prop_oneof![3 => Just(true), 1 => Just(false)],
+            prop_oneof![
+                6 => Just(Hint::True),
+                2 => Just(Hint::None),
+                1 => prop_oneof![-3i64..0, 1i64..4, Just(1000i64)].prop_map(Hint::Lie),
+            ],
             prop_oneof![1 => Just(None), 3 => component_mask().prop_map(Some)],
             vec((any::<usize>(), component_mask()), 0..4),
             prop_oneof![1 => Just(None), 3 => block_size().prop_map(Some)],
@@ -448,45 +469,107 @@ fn small_space(count: usize) -> Vec<i64> {
     (0..count).map(|i| (i % 12) as i64).collect()
 }
 
+/// How the hints of a request are rewritten for one of the indexes (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hints {
+    AsGenerated,
+    Stripped,
+    ChainedToPreviousReport,
+}
+
+const HINTS: [Hints; 3] = [
+    Hints::AsGenerated,
+    Hints::Stripped,
+    Hints::ChainedToPreviousReport,
+];
+
 struct Pair {
-    index: Index,
+    /// One index per [`HINTS`] entry.
+    indexes: Vec<Index>,
     model: Model,
     history: Vec<ApplyRequest>,
+    /// The last hash of the last REPORT action seen (for `ChainedToPreviousReport`).
+    last_reported: Option<i64>,
 }
 
 impl Pair {
+    fn new() -> Pair {
+        Pair {
+            indexes: HINTS.iter().map(|_| Index::new()).collect(),
+            model: Model::new(),
+            history: Vec::new(),
+            last_reported: None,
+        }
+    }
+
+    /// `req` with its hints rewritten for one index.
+    fn with_hints(&mut self, req: &ApplyRequest, hints: Hints) -> ApplyRequest {
+        let mut req = req.clone();
+        for action in &mut req.actions {
+            match hints {
+                Hints::AsGenerated => {}
+                Hints::Stripped => action.parent_block_hash = None,
+                Hints::ChainedToPreviousReport => {
+                    if action.action_type == 1 {
+                        action.parent_block_hash = self.last_reported;
+                        if let Some(&last) = action.hashes.last() {
+                            self.last_reported = Some(last);
+                        }
+                    }
+                }
+            }
+        }
+        req
+    }
+
     fn apply(&mut self, req: &ApplyRequest) -> Result<(), TestCaseError> {
-        let real: Result<(), ValidationError> = req.clone().validate().map(|valid| {
-            self.index.apply(&valid);
-        });
         let expected = self.model.apply(req);
-        prop_assert_eq!(real, expected, "apply result");
+        for (k, hints) in HINTS.into_iter().enumerate() {
+            let req = self.with_hints(req, hints);
+            let index = &mut self.indexes[k];
+            let real: Result<(), ValidationError> = req.validate().map(|valid| {
+                index.apply(&valid);
+            });
+            prop_assert_eq!(&real, &expected, "apply result with hints {:?}", hints);
+        }
         Ok(())
     }
 
     fn prefix(&mut self, hashes: &[i64], max_blocks: u32) -> Result<(), TestCaseError> {
-        let real = self.index.match_prefix(hashes, max_blocks);
         let expected = self.model.match_prefix(hashes, max_blocks);
-        prop_assert_eq!(real, expected, "match_prefix answer");
+        for (index, hints) in self.indexes.iter().zip(HINTS) {
+            let real = index.match_prefix(hashes, max_blocks);
+            prop_assert_eq!(
+                &real,
+                &expected,
+                "match_prefix answer with hints {:?}",
+                hints
+            );
+        }
         Ok(())
     }
 
     fn match_kv(&mut self, hashes: &[i64], count_as_hit: bool) -> Result<(), TestCaseError> {
-        let real = self.index.match_kv(hashes);
         let expected = self.model.match_kv(hashes);
-        let ok = real.is_ok();
-        prop_assert_eq!(real, expected, "match_kv answer");
-        if ok && count_as_hit {
-            self.index.count_hits(hashes);
+        for (index, hints) in self.indexes.iter().zip(HINTS) {
+            let real = index.match_kv(hashes);
+            prop_assert_eq!(&real, &expected, "match_kv answer with hints {:?}", hints);
+        }
+        if expected.is_ok() && count_as_hit {
+            for index in &mut self.indexes {
+                index.count_hits(hashes);
+            }
             self.model.count_hits(hashes);
         }
         Ok(())
     }
 
     fn hit_counts(&mut self, hashes: &[i64]) -> Result<(), TestCaseError> {
-        let real = self.index.hit_counts(hashes);
         let expected = self.model.hit_counts(hashes);
-        prop_assert_eq!(real, expected, "hit_counts answer");
+        for (index, hints) in self.indexes.iter().zip(HINTS) {
+            let real = index.hit_counts(hashes);
+            prop_assert_eq!(&real, &expected, "hit_counts answer with hints {:?}", hints);
+        }
         Ok(())
     }
 
@@ -585,7 +668,11 @@ impl LongChain {
                         } else {
                             sizes[at..end].to_vec()
                         },
-                        parent_block_hash: hints.then(|| hashes[at] - 1),
+                        parent_block_hash: match hints {
+                            Hint::None => None,
+                            Hint::True => Some(hashes[at] - 1),
+                            Hint::Lie(offset) => Some(hashes[at] - 1 + offset),
+                        },
                     });
                     at = end;
                 }
@@ -622,11 +709,7 @@ impl LongChain {
 }
 
 fn run(specs: &[Option<CacheSpec>], ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut pair = Pair {
-        index: Index::new(),
-        model: Model::new(),
-        history: Vec::new(),
-    };
+    let mut pair = Pair::new();
     for (step, op) in ops.iter().enumerate() {
         match op {
             Op::Apply(req) => {
@@ -677,12 +760,17 @@ fn run(specs: &[Option<CacheSpec>], ops: &[Op]) -> Result<(), TestCaseError> {
                 pair.prefix(&hashes, *max_blocks)?;
             }
         }
-        prop_assert_eq!(
-            pair.index.stats(),
-            pair.model.stats(),
-            "stats after step {}",
-            step
-        );
+        let expected = pair.model.stats();
+        for (index, hints) in pair.indexes.iter().zip(HINTS) {
+            prop_assert_eq!(
+                index.stats(),
+                expected,
+                "stats after step {} with hints {:?}",
+                step,
+                hints
+            );
+            index.check_invariants();
+        }
         // A prefix query on the chain start after every step keeps the prefix scan under
         // constant pressure, whatever the op was.
         pair.prefix(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], 0)?;
