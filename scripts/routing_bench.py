@@ -98,7 +98,7 @@ class Fleet:
         extra = [a.replace("{indexer}", f"http://{self.indexer}") for a in provider_args]
         self.start(logs, "router", [f"{BIN}/kv-indexer-router", "--listen-addr", self.router,
                                     "--worker-urls", ",".join(self.urls), "--policy", policy,
-                                    "--cache-affinity-min-matched-tokens", "512", *extra])
+                                    "--cache-affinity-min-matched-tokens", str(args.min_matched_tokens), *extra])
         for url in self.urls:
             wait_http(f"{url}/health")
         wait_http(f"http://{self.router}/health")
@@ -192,6 +192,7 @@ def main():
     p.add_argument("--decode-us", type=int, default=1000, help="simulated µs per output token")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--max-running", type=int, default=8)
+    p.add_argument("--min-matched-tokens", type=int, default=1024, help="the router's affinity threshold")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--base-port", type=int, default=42000)
     p.add_argument("--policies", default="indexer,radix_tree,round_robin,power_of_two")

@@ -28,5 +28,5 @@ pub mod wire;
 pub use chunk::split;
 pub use decode::{BlockStored, DecodedBatch, Event, SkipReason, decode_batch};
 pub use frames::{FrameError, LiveMessage, ReplayFrame, parse_live, parse_replay, replay_request};
-pub use mapping::{Action, map_events};
+pub use mapping::{Action, clear_action, map_events};
 pub use wire::BatchError;

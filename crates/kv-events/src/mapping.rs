@@ -5,32 +5,19 @@
 use crate::decode::{BlockStored, Event};
 use kv_index::{ActionKind, Tier};
 
-/// One action of an `ApplyExternalKvBatch`, before splitting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Action {
-    pub kind: ActionKind,
-    pub tier: Tier,
-    /// Empty for CLEAR_ALL_AT_TIER only.
-    pub hashes: Vec<i64>,
-    /// Empty, or aligned with `hashes` when some merged store carried `component_types` (then a
-    /// legacy hash among them has mask 0).
-    pub component_masks: Vec<u32>,
-    /// Empty, or aligned with `hashes` exactly when `component_masks` is.
-    pub block_sizes: Vec<u32>,
-    /// The chain hint: set when `hashes` is one chain hanging off this hash (REPORT only).
-    pub parent_block_hash: Option<i64>,
-}
+/// One action of an `ApplyExternalKvBatch`, before splitting: the index's own action type, so
+/// the bridge sends exactly what the index applies.
+pub use kv_index::Action;
 
-impl Action {
-    fn clear(tier: Tier) -> Action {
-        Action {
-            kind: ActionKind::ClearAllAtTier,
-            tier,
-            hashes: Vec::new(),
-            component_masks: Vec::new(),
-            block_sizes: Vec::new(),
-            parent_block_hash: None,
-        }
+/// CLEAR_ALL_AT_TIER for `tier`.
+pub fn clear_action(tier: Tier) -> Action {
+    Action {
+        kind: ActionKind::ClearAllAtTier,
+        tier,
+        hashes: Vec::new(),
+        component_masks: Vec::new(),
+        block_sizes: Vec::new(),
+        parent_block_hash: None,
     }
 }
 
@@ -67,7 +54,7 @@ pub fn map_events(events: &[Event], clear_tiers: &[Tier]) -> Vec<Action> {
                 actions.extend(open.take().map(Open::finish));
                 for (i, tier) in clear_tiers.iter().enumerate() {
                     if !clear_tiers[..i].contains(tier) {
-                        actions.push(Action::clear(*tier));
+                        actions.push(clear_action(*tier));
                     }
                 }
             }

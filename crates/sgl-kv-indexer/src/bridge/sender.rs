@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kv_events::Action;
+use kv_events::{Action, clear_action};
 use kv_index::{ActionKind, CacheSpec, Tier};
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1 as pb;
@@ -70,14 +70,7 @@ impl Identity {
     fn clear_actions(&self) -> Vec<Action> {
         self.clear_tiers
             .iter()
-            .map(|&tier| Action {
-                kind: ActionKind::ClearAllAtTier,
-                tier,
-                hashes: Vec::new(),
-                component_masks: Vec::new(),
-                block_sizes: Vec::new(),
-                parent_block_hash: None,
-            })
+            .map(|&tier| clear_action(tier))
             .collect()
     }
 }
