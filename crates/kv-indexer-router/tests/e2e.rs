@@ -1,0 +1,262 @@
+//! The whole path on loopback, in one process: simulated SGLang workers → their bridges → the
+//! Indexer server ← the router. What a user of the router relies on: affinity to the worker
+//! holding a prompt's prefix, serving by load when the Indexer is gone, and a warning (and no
+//! affinity) when worker URLs and bridge addresses differ.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use kv_indexer_router::app::AppState;
+use kv_indexer_router::config::{Args, RouterConfig};
+use kv_indexer_router::policy::Policy;
+use kv_indexer_sim::{Config as SimConfig, Listeners, Worker};
+use serde_json::{Value, json};
+use sgl_kv_indexer::bridge;
+use sgl_kv_indexer::bridge::config::{Args as BridgeArgs, BridgeConfig};
+use sgl_kv_indexer::bridge::stats::Stats;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Fleet {
+    indexer: SocketAddr,
+    indexer_stop: CancellationToken,
+    indexer_task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    workers: Vec<String>,
+    stop: CancellationToken,
+}
+
+/// The Indexer, `n` simulated workers and a bridge for each; bridges announce `address(url)`.
+async fn fleet(n: usize, address: impl Fn(&str) -> String) -> Fleet {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let indexer = listener.local_addr().unwrap();
+    let indexer_stop = CancellationToken::new();
+    let shared = sgl_kv_indexer::server::shared(&sgl_kv_indexer::Config::default());
+    let indexer_task = tokio::spawn(sgl_kv_indexer::server::run(
+        listener,
+        shared.clone(),
+        indexer_stop.clone().cancelled_owned(),
+    ));
+    let stop = CancellationToken::new();
+    let mut workers = Vec::new();
+    for i in 0..n {
+        let config = SimConfig::default();
+        let worker = Worker::start(&config, Listeners::bind(&config).await.unwrap())
+            .await
+            .unwrap();
+        let endpoints = worker.endpoints();
+        tokio::spawn(worker.serve(stop.clone().cancelled_owned()));
+        let argv = [
+            "kv-indexer-bridge".to_string(),
+            "--worker-id".into(),
+            format!("sim-{i}"),
+            "--worker-address".into(),
+            address(&endpoints.http_url()),
+            "--endpoint".into(),
+            format!("http://{indexer}"),
+            "--event-endpoint".into(),
+            endpoints.kv_events_url(),
+            "--event-topic".into(),
+            "kv-events".into(),
+        ];
+        let config = BridgeConfig::from_args(BridgeArgs::try_parse_from(argv).unwrap()).unwrap();
+        tokio::spawn(bridge::run(
+            config,
+            Arc::new(Stats::default()),
+            stop.clone(),
+        ));
+        workers.push(endpoints.http_url());
+    }
+    // Every bridge has registered its worker (its start-up clear reached the index).
+    let start = Instant::now();
+    while shared.index_stats().workers < n {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "bridges never reached the index"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Fleet {
+        indexer,
+        indexer_stop,
+        indexer_task,
+        workers,
+        stop,
+    }
+}
+
+struct TestRouter {
+    url: String,
+    state: Arc<AppState>,
+    http: reqwest::Client,
+}
+
+async fn router(fleet: &Fleet) -> TestRouter {
+    let argv = vec![
+        "kv-indexer-router".to_string(),
+        "--worker-urls".into(),
+        fleet.workers.join(","),
+        "--kv-indexer-endpoint".into(),
+        format!("http://{}", fleet.indexer),
+        "--cache-affinity-min-matched-tokens".into(),
+        "64".into(),
+    ];
+    let config = RouterConfig::from_args(&Args::try_parse_from(argv).unwrap()).unwrap();
+    let state = kv_indexer_router::state(&config, None).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let run_state = state.clone();
+    let stop = fleet.stop.clone();
+    tokio::spawn(async move {
+        kv_indexer_router::run(listener, run_state, &config, stop.cancelled_owned()).await
+    });
+    let start = Instant::now();
+    while state.hashing.read().is_none() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the router never learned the block size"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    TestRouter {
+        url,
+        state,
+        http: reqwest::Client::new(),
+    }
+}
+
+impl TestRouter {
+    /// `/generate` of `tokens`: the worker that served it and its `cached_tokens`.
+    async fn generate(&self, tokens: &[u64]) -> (String, u64) {
+        let body = json!({"input_ids": tokens, "sampling_params": {"max_new_tokens": 2}});
+        let response = self
+            .http
+            .post(format!("{}/generate", self.url))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let worker = response.headers()["x-routed-worker"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        (
+            worker,
+            answer["meta_info"]["cached_tokens"].as_u64().unwrap(),
+        )
+    }
+
+    fn logs(&self) -> &kv_indexer_router::throttle::DoublingLogs {
+        match &self.state.policy {
+            Policy::CacheAwareIndexer { logs, .. } => logs,
+            _ => panic!("not the Indexer policy"),
+        }
+    }
+}
+
+fn document(seed: u64) -> Vec<u64> {
+    (0..320).map(|i| seed * 100_000 + i).collect()
+}
+
+fn with_suffix(document: &[u64], suffix: u64) -> Vec<u64> {
+    let mut tokens = document.to_vec();
+    tokens.extend([suffix, suffix + 1, suffix + 2]);
+    tokens
+}
+
+/// Sends `tokens` again until the router routes it by the Indexer (events take a moment to
+/// arrive); returns the worker and its cached tokens.
+async fn until_cached(router: &TestRouter, tokens: &[u64]) -> (String, u64) {
+    let start = Instant::now();
+    loop {
+        let (worker, cached) = router.generate(tokens).await;
+        if cached > 0 {
+            return (worker, cached);
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the prompt never reached a worker holding its prefix"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_prompt_with_a_new_suffix_goes_to_the_worker_holding_its_prefix() {
+    let fleet = fleet(3, |url| url.to_string()).await;
+    let router = router(&fleet).await;
+    let mut homes = Vec::new();
+    for seed in 1..=3 {
+        let (worker, cached) = router.generate(&with_suffix(&document(seed), 1)).await;
+        assert_eq!(cached, 0);
+        homes.push(worker);
+    }
+    // Least load spreads the three cold documents over the three workers.
+    let mut distinct = homes.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "{homes:?}");
+    for (seed, home) in (1..=3).zip(&homes) {
+        let (worker, cached) = until_cached(&router, &with_suffix(&document(seed), 50)).await;
+        assert_eq!(
+            &worker, home,
+            "document {seed} must go back where its cache is"
+        );
+        assert!(
+            cached >= 256,
+            "the worker reused the document's pages: {cached}"
+        );
+    }
+    fleet.stop.cancel();
+}
+
+#[tokio::test]
+async fn with_the_indexer_stopped_requests_are_served_by_load_and_the_fallback_is_logged() {
+    let fleet = fleet(2, |url| url.to_string()).await;
+    let router = router(&fleet).await;
+    router.generate(&document(7)).await;
+    fleet.indexer_stop.cancel();
+    fleet.indexer_task.await.unwrap().unwrap();
+    for _ in 0..4 {
+        let (worker, _) = router.generate(&with_suffix(&document(7), 9)).await;
+        assert!(fleet.workers.contains(&worker));
+    }
+    assert!(
+        router.logs().fallback.total() >= 4,
+        "every unreachable query falls back to load and is counted"
+    );
+    fleet.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_worker_url_that_differs_by_a_trailing_slash_gets_no_affinity_and_a_warning() {
+    // The bridges announce "http://host:port/", the router knows "http://host:port".
+    let fleet = fleet(2, |url| format!("{url}/")).await;
+    let router = router(&fleet).await;
+    let tokens = with_suffix(&document(11), 1);
+    router.generate(&tokens).await;
+    let start = Instant::now();
+    while router.logs().unknown_address.total() == 0 {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no warning about the unmatched address"
+        );
+        router.generate(&tokens).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The Indexer knows the prefix, but under an address that matches no worker: no affinity.
+    let response = router
+        .http
+        .post(format!("{}/generate", router.url))
+        .body(json!({"input_ids": tokens}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-routing-reason"], "no_usable_match");
+    fleet.stop.cancel();
+}
