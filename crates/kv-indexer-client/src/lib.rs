@@ -14,6 +14,7 @@ pub mod client;
 pub mod endpoint;
 pub mod hashing;
 pub mod outcome;
+pub mod signal;
 pub mod throttle;
 pub mod tokenize;
 

@@ -2,8 +2,9 @@
 
 use anyhow::Context;
 use clap::Parser;
+use kv_indexer_client::signal;
 use kv_indexer_sim::{Args, Config, Listeners, Worker};
-use tracing::{info, warn};
+use tracing::info;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -33,36 +34,12 @@ async fn main() -> anyhow::Result<()> {
         endpoints.http_url(),
         endpoints.kv_events_url()
     );
-    worker.serve(shutdown()).await?;
+    worker
+        .serve(async {
+            signal::shutdown().await;
+            info!("shutting down");
+        })
+        .await?;
     info!("stopped");
     Ok(())
-}
-
-/// Resolves on the first SIGINT or SIGTERM.
-async fn shutdown() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            warn!(%error, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
-    info!("shutting down");
 }

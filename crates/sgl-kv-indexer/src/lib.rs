@@ -9,7 +9,6 @@
 //! - [`deadline`]: arrival stamps and `grpc-timeout` parsing;
 //! - [`error`]: every error and its status code;
 //! - [`observe`]: Prometheus metrics and their admin endpoint;
-//! - [`signal`]: SIGINT/SIGTERM for graceful shutdown;
 
 pub mod bridge;
 pub mod config;
@@ -19,7 +18,6 @@ pub mod error;
 pub mod observe;
 pub mod server;
 pub mod service;
-pub mod signal;
 
 pub use config::{Args, Config};
 pub use server::run;

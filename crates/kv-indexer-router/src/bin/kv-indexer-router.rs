@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use kv_indexer_client::signal;
 use kv_indexer_router::config::{Args, RouterConfig};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
@@ -27,23 +28,5 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding KV_ROUTER_LISTEN_ADDR {}", args.listen_addr))?;
     info!(addr = %args.listen_addr, policy = ?config.policy, provider = ?config.provider, workers = ?config.worker_urls, "kv-indexer-router listening");
-    kv_indexer_router::run(listener, state, &config, shutdown()).await
-}
-
-async fn shutdown() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
+    kv_indexer_router::run(listener, state, &config, signal::shutdown()).await
 }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use kv_indexer_client::signal;
 use sgl_kv_indexer::bridge::config::{Args, BridgeConfig};
 use sgl_kv_indexer::bridge::stats::Stats;
-use sgl_kv_indexer::{bridge, observe, signal};
+use sgl_kv_indexer::{bridge, observe};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 

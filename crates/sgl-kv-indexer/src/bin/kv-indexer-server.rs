@@ -2,7 +2,8 @@
 
 use anyhow::Context;
 use clap::Parser;
-use sgl_kv_indexer::{Args, Config, observe, server, signal};
+use kv_indexer_client::signal;
+use sgl_kv_indexer::{Args, Config, observe, server};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};

@@ -1,4 +1,5 @@
-//! SIGINT and SIGTERM, for the binaries' graceful shutdown.
+//! SIGINT and SIGTERM, for the graceful shutdown of every binary (server, bridge, router,
+//! simulated worker).
 
 use tracing::warn;
 
