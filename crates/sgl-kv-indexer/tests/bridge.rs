@@ -561,6 +561,106 @@ async fn clears_the_worker_when_the_publisher_restarts() {
     bridge.stop().await;
 }
 
+/// Binds `addr` again once the previous socket has let it go.
+async fn rebind(addr: SocketAddr) -> std::net::TcpListener {
+    let start = Instant::now();
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => return listener,
+            Err(error) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "cannot rebind {addr}: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// A worker restarts and, before the bridge is back, publishes past its old sequence number:
+/// the first batch the bridge sees looks like a gap, and replay would answer it from the new
+/// process. Only the reconnect tells the truth: the old blocks must go.
+#[tokio::test]
+async fn a_worker_restart_that_looks_like_a_gap_still_clears_the_worker() {
+    let server = IndexServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
+    let (pub_listener, pub_endpoint) = loopback();
+    let pub_addr = pub_listener.local_addr().unwrap();
+    let (replay_listener, replay_endpoint) = loopback();
+    let buffer: ReplayBuffer = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let router = replay_router(replay_listener, buffer.clone());
+    let mut publisher = Publisher::bind(pub_listener).await;
+    let bridge = RunningBridge::start(bridge_config(
+        server.addr,
+        &pub_endpoint,
+        Some(&replay_endpoint),
+    ));
+    publisher.wait_subscribed(&bridge.stats).await;
+    for (seq, hashes) in [(0u64, [1i64, 2]), (1, [3, 4])] {
+        let payload = batch(vec![stored(&hashes, "GPU")]);
+        buffer.lock().push((seq, payload.clone()));
+        publisher.publish(seq, &payload).await;
+    }
+    let universe: BTreeSet<i64> = (1..=20).collect();
+    server
+        .wait_for(&[(1, BTreeSet::from([1, 2, 3, 4]))].into(), &universe)
+        .await;
+
+    // The new process: an empty cache, sequence from 0, already at seq 5 when it is seen.
+    drop(publisher);
+    buffer.lock().clear();
+    let new_batches: Vec<(u64, Vec<u8>)> = (0..6u64)
+        .map(|seq| (seq, batch(vec![stored(&[10 + seq as i64], "GPU")])))
+        .collect();
+    buffer.lock().extend(new_batches.iter().take(5).cloned());
+    let mut publisher = Publisher::bind(rebind(pub_addr).await).await;
+    publisher.wait_subscribed(&bridge.stats).await;
+    buffer.lock().push(new_batches[5].clone());
+    publisher.publish(5, &new_batches[5].1).await;
+    server
+        .wait_for(&[(1, (10..=15).collect())].into(), &universe)
+        .await;
+    assert!(Stats::get(&bridge.stats.reconnects) >= 1);
+    bridge.stop().await;
+    router.abort();
+}
+
+/// A worker restarts and publishes nothing the bridge can see live: the reconnect alone must
+/// clear it (and replay what the new process has).
+#[tokio::test]
+async fn a_quiet_worker_restart_clears_the_worker() {
+    let server = IndexServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
+    let (pub_listener, pub_endpoint) = loopback();
+    let pub_addr = pub_listener.local_addr().unwrap();
+    let (replay_listener, replay_endpoint) = loopback();
+    let buffer: ReplayBuffer = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let router = replay_router(replay_listener, buffer.clone());
+    let mut publisher = Publisher::bind(pub_listener).await;
+    let bridge = RunningBridge::start(bridge_config(
+        server.addr,
+        &pub_endpoint,
+        Some(&replay_endpoint),
+    ));
+    publisher.wait_subscribed(&bridge.stats).await;
+    let old = batch(vec![stored(&[1, 2, 3], "GPU")]);
+    buffer.lock().push((0, old.clone()));
+    publisher.publish(0, &old).await;
+    let universe: BTreeSet<i64> = (1..=20).collect();
+    server
+        .wait_for(&[(1, BTreeSet::from([1, 2, 3]))].into(), &universe)
+        .await;
+
+    drop(publisher);
+    *buffer.lock() = vec![(0, batch(vec![stored(&[7], "GPU")]))];
+    let mut publisher = Publisher::bind(rebind(pub_addr).await).await;
+    publisher.wait_subscribed(&bridge.stats).await;
+    server
+        .wait_for(&[(1, BTreeSet::from([7]))].into(), &universe)
+        .await;
+    bridge.stop().await;
+    router.abort();
+}
+
 #[tokio::test]
 async fn delivers_every_queued_batch_in_order_after_a_server_restart() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

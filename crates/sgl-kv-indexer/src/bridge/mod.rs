@@ -27,11 +27,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use kv_events::frames::parse_live;
 use kv_events::{decode_batch, map_events, split};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket};
+use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket};
 
 use self::config::BridgeConfig;
 use self::outbox::{ClearReason, Item, Outbox};
@@ -91,56 +92,90 @@ struct Stream {
     replayed: VecDeque<(u64, u64)>,
 }
 
+/// The next monitor event; pending forever once the monitor is closed.
+async fn next_event<S: futures_util::Stream<Item = SocketEvent> + Unpin>(
+    monitor: &mut Option<S>,
+) -> Option<SocketEvent> {
+    match monitor {
+        Some(events) => events.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 fn payload_hash(payload: &[u8]) -> u64 {
     BuildHasherDefault::<DefaultHasher>::default().hash_one(payload)
 }
 
 impl Stream {
+    /// Follows the publisher until stopped. Each connection starts with a resync (clear, then
+    /// replay from 0 when possible). When the publisher disconnects, the socket is dropped with
+    /// whatever it still queued and a new one resyncs: a restarted worker may have published
+    /// under the same sequence numbers, or published nothing the old socket could see, so
+    /// nothing from before the disconnect can be trusted to describe it.
     async fn run(&mut self, stop: &CancellationToken) -> Result<(), BridgeError> {
-        let mut options = SocketOptions::default();
-        options.no_connect_timeout();
-        let mut sub = SubSocket::with_options(options);
-        sub.subscribe(&self.config.event_topic)
-            .await
-            .map_err(BridgeError::Zmq)?;
-        info!(endpoint = %self.config.event_endpoint, topic = %self.config.event_topic, "connecting to the publisher");
-        tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            connected = sub.connect(&self.config.event_endpoint) => connected.map_err(BridgeError::Zmq)?,
-        }
-        info!(endpoint = %self.config.event_endpoint, "subscribed");
-        self.startup().await;
-
-        let mut failures = 0u32;
+        let mut reason = ClearReason::Startup;
         loop {
-            let message = tokio::select! {
+            let mut options = SocketOptions::default();
+            options.no_connect_timeout();
+            let mut sub = SubSocket::with_options(options);
+            let mut monitor = Some(sub.monitor());
+            sub.subscribe(&self.config.event_topic)
+                .await
+                .map_err(BridgeError::Zmq)?;
+            info!(endpoint = %self.config.event_endpoint, topic = %self.config.event_topic, "connecting to the publisher");
+            tokio::select! {
                 () = stop.cancelled() => return Ok(()),
-                message = sub.recv() => message,
-            };
-            match message {
-                Ok(message) => {
-                    failures = 0;
-                    self.live(message.into_vec()).await;
-                }
-                Err(error) => {
-                    // A publisher going away surfaces here; the socket reconnects by itself.
-                    failures = failures.saturating_add(1);
-                    debug!(%error, "subscriber receive failed");
-                    tokio::time::sleep(Duration::from_millis(u64::from(failures.min(100)))).await;
+                connected = sub.connect(&self.config.event_endpoint) => connected.map_err(BridgeError::Zmq)?,
+            }
+            info!(endpoint = %self.config.event_endpoint, "subscribed");
+            self.tracker = SeqTracker::default();
+            self.replayed.clear();
+            self.resync(reason).await;
+
+            let mut failures = 0u32;
+            loop {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return Ok(()),
+                    event = next_event(&mut monitor) => match event {
+                        Some(SocketEvent::Disconnected(_)) => {
+                            self.stats.reconnect();
+                            warn!("the publisher disconnected: resubscribing and resynchronising");
+                            break;
+                        }
+                        Some(_) => {}
+                        None => monitor = None,
+                    },
+                    message = sub.recv() => match message {
+                        Ok(message) => {
+                            failures = 0;
+                            self.live(message.into_vec()).await;
+                        }
+                        Err(error) => {
+                            failures = failures.saturating_add(1);
+                            debug!(%error, "subscriber receive failed");
+                            tokio::time::sleep(Duration::from_millis(u64::from(failures.min(100)))).await;
+                        }
+                    },
                 }
             }
+            reason = ClearReason::Reconnect;
         }
     }
 
-    /// On start-up the index may hold what this worker dropped while no bridge was following
-    /// it: replay from 0 when possible, else clear.
-    async fn startup(&mut self) {
-        if self.config.replay_endpoint.is_none() {
-            info!("no replay endpoint: clearing the worker before following the live stream");
-            self.clear(ClearReason::Startup);
-            return;
+    /// Makes the index describe this worker from scratch: clear its tiers, then replay the
+    /// publisher's buffer from seq 0 when there is a replay endpoint (the index under-claims
+    /// until the replayed batches are applied, or until new events arrive).
+    async fn resync(&mut self, reason: ClearReason) {
+        info!(
+            reason = reason.label(),
+            replay = self.config.replay_endpoint.is_some(),
+            "clearing the worker before following the stream"
+        );
+        self.clear(reason);
+        if self.config.replay_endpoint.is_some() {
+            self.recover(0, u64::MAX, None).await;
         }
-        self.recover(0, u64::MAX, ClearReason::Startup).await;
     }
 
     async fn live(&mut self, frames: Vec<Bytes>) {
@@ -168,7 +203,7 @@ impl Stream {
             SeqCheck::Gap { expected, got } => {
                 self.stats.gap();
                 warn!(expected, got, lost = got - expected, "sequence gap");
-                self.recover(expected, got, ClearReason::Gap).await;
+                self.recover(expected, got, Some(ClearReason::Gap)).await;
             }
             SeqCheck::Backwards { expected, got } => {
                 if self.replayed.contains(&(seq, payload_hash(payload))) {
@@ -183,18 +218,21 @@ impl Stream {
                 self.replayed.clear();
                 self.clear(ClearReason::Restart);
                 if got > 0 && self.config.replay_endpoint.is_some() {
-                    self.recover(0, got, ClearReason::Restart).await;
+                    self.recover(0, got, None).await;
                 }
             }
         }
         self.process(seq, payload);
     }
 
-    /// Replays batches `from..until` when a replay endpoint is set; clears the worker when the
-    /// replay is off, fails, or starts later than asked.
-    async fn recover(&mut self, from: u64, until: u64, reason: ClearReason) {
+    /// Replays batches `from..until` when a replay endpoint is set. When the replay is off,
+    /// fails, or starts later than asked, events were lost: the worker is cleared for `on_loss`
+    /// (`None` when the caller has just cleared it).
+    async fn recover(&mut self, from: u64, until: u64, on_loss: Option<ClearReason>) {
         let Some(endpoint) = self.config.replay_endpoint.clone() else {
-            self.clear(reason);
+            if let Some(reason) = on_loss {
+                self.clear(reason);
+            }
             return;
         };
         match replay::fetch(&endpoint, from, self.config.replay_timeout).await {
@@ -206,7 +244,9 @@ impl Stream {
                 } else {
                     self.stats.replay("evicted");
                     warn!(asked = from, first = ?first, "replay starts later than asked: events were lost");
-                    self.clear(reason);
+                    if let Some(reason) = on_loss {
+                        self.clear(reason);
+                    }
                 }
                 for (seq, payload) in batches.into_iter().filter(|(seq, _)| *seq < until) {
                     if self.replayed.len() == REMEMBERED_REPLAYS {
@@ -222,7 +262,9 @@ impl Stream {
             Err(error) => {
                 self.stats.replay("failed");
                 warn!(%error, from, "replay failed: events were lost");
-                self.clear(reason);
+                if let Some(reason) = on_loss {
+                    self.clear(reason);
+                }
             }
         }
     }

@@ -22,8 +22,10 @@ pub enum Item {
 /// Why the worker is cleared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClearReason {
-    /// Start-up without a replay that covers the whole stream.
+    /// Start-up: the index may hold what the worker dropped while nothing followed it.
     Startup,
+    /// The subscriber lost its publisher: it may have restarted, or messages were lost.
+    Reconnect,
     /// A gap that replay could not fill.
     Gap,
     /// The publisher restarted (its sequence went backwards).
@@ -36,6 +38,7 @@ impl ClearReason {
     pub fn label(self) -> &'static str {
         match self {
             ClearReason::Startup => "startup",
+            ClearReason::Reconnect => "reconnect",
             ClearReason::Gap => "gap",
             ClearReason::Restart => "restart",
             ClearReason::Overflow => "overflow",

@@ -13,6 +13,7 @@ pub struct Stats {
     pub batches_skipped: AtomicU64,
     pub frames_malformed: AtomicU64,
     pub gaps: AtomicU64,
+    pub reconnects: AtomicU64,
     pub replays: AtomicU64,
     pub replays_failed: AtomicU64,
     pub clears: AtomicU64,
@@ -58,6 +59,11 @@ impl Stats {
     pub fn gap(&self) {
         bump(&self.gaps, 1);
         metrics::counter!("kv_bridge_gaps_total").increment(1);
+    }
+
+    pub fn reconnect(&self) {
+        bump(&self.reconnects, 1);
+        metrics::counter!("kv_bridge_publisher_reconnects_total").increment(1);
     }
 
     pub fn replay(&self, outcome: &'static str) {
