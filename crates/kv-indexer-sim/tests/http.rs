@@ -416,3 +416,54 @@ async fn publishes_the_prompt_pages_with_sglang_block_hashes() {
         assert_eq!(stores, [want], "speculative {speculative:?}");
     }
 }
+
+#[tokio::test]
+async fn cache_view_lists_the_held_block_hashes_per_tier() {
+    let mut config = config();
+    // Room for 2 pages on the device and 8 on the host.
+    config.cache.capacity_tokens = 2 * PAGE;
+    config.cache.host_capacity_tokens = 8 * PAGE;
+    let worker = worker(config).await;
+    let app = worker.router();
+    let hash = HashConfig {
+        block_size: PAGE,
+        bigram: false,
+    };
+
+    let (status, empty) = get(&app, "/cache_view").await;
+    assert_eq!(status, StatusCode::OK, "{empty}");
+    assert_eq!(empty["page_size"], PAGE);
+    assert_eq!(empty["tiers"], json!({"GPU": [], "CPU_PINNED": []}));
+
+    let first = ids(0..9);
+    let (status, _) = post(
+        &app,
+        "/generate",
+        json!({"input_ids": first, "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let mut first_hashes = block_hashes(&first[..8], hash, None);
+    first_hashes.sort_unstable();
+    let (_, view) = get(&app, "/cache_view").await;
+    assert_eq!(view["tiers"]["GPU"], json!(first_hashes));
+    assert_eq!(view["tiers"]["CPU_PINNED"], json!([]));
+
+    // A second prompt needs the device's two pages: the first prompt's move to the host.
+    let second = ids(50..59);
+    post(
+        &app,
+        "/generate",
+        json!({"input_ids": second, "sampling_params": {"max_new_tokens": 1}}),
+    )
+    .await;
+    let mut second_hashes = block_hashes(&second[..8], hash, None);
+    second_hashes.sort_unstable();
+    let (_, view) = get(&app, "/cache_view").await;
+    assert_eq!(view["tiers"]["GPU"], json!(second_hashes));
+    assert_eq!(view["tiers"]["CPU_PINNED"], json!(first_hashes));
+    assert_eq!(view["stats"]["device_evictions"], 2);
+    // The same view as the scheduler's.
+    let held = worker.scheduler().snapshot().await.unwrap().held;
+    assert_eq!(held.values().map(|set| set.len()).sum::<usize>(), 4);
+}

@@ -3,7 +3,9 @@
 //! - `POST /generate`: the native API ([`native`]);
 //! - `POST /v1/completions`: the OpenAI API ([`openai`]);
 //! - `GET /server_info` (and `/get_server_info`), `GET /get_model_info`, `GET /v1/models`,
-//!   `GET /health` (and `/health_generate`), `GET|POST /flush_cache`.
+//!   `GET /health` (and `/health_generate`), `GET|POST /flush_cache`;
+//! - `GET /cache_view`: not SGLang's; the cache's own view (block hashes held per tier, as
+//!   published so far), for tests that compare an index with the worker.
 //!
 //! Both generation endpoints answer at once or stream server-sent events (`data: {...}`
 //! chunks, then `data: [DONE]`). Every error is a JSON body built in one place,
@@ -27,6 +29,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::engine::{Engine, GenerateRequest, Output, Usage};
+use crate::events::Medium;
 use crate::scheduler::FlushError;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -71,6 +74,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/health_generate", get(health))
         .route("/flush_cache", get(flush_cache).post(flush_cache))
+        .route("/cache_view", get(cache_view))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -340,4 +344,37 @@ async fn flush_cache(
         Err(FlushError::Busy(_)) => Ok((StatusCode::BAD_REQUEST, TEXT)),
         Err(FlushError::Stopped(_)) => Err(HttpError::Stopped),
     }
+}
+
+/// The block hashes the cache holds per tier (`"GPU"`, `"CPU_PINNED"`; every tier listed, sorted
+/// ascending), read after a scheduler step, so every change it shows is already published.
+async fn cache_view(State(state): State<AppState>) -> Result<Json<Value>, HttpError> {
+    let snapshot = state
+        .engine
+        .scheduler()
+        .snapshot()
+        .await
+        .map_err(|_| HttpError::Stopped)?;
+    let mut tiers = serde_json::Map::new();
+    for medium in [Medium::Gpu, Medium::CpuPinned] {
+        let hashes: Vec<i64> = snapshot
+            .held
+            .get(&medium)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default();
+        tiers.insert(medium.as_str().to_string(), json!(hashes));
+    }
+    let stats = snapshot.stats;
+    Ok(Json(json!({
+        "page_size": state.info.page_size,
+        "tiers": tiers,
+        "stats": {
+            "device_pages": stats.device_pages,
+            "host_pages": stats.host_pages,
+            "pinned_pages": stats.pinned_pages,
+            "stored": stats.stored,
+            "device_evictions": stats.device_evictions,
+            "host_evictions": stats.host_evictions,
+        },
+    })))
 }

@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""Fault tests with real processes on loopback: does the Indexer ever claim a block a worker
+does not hold (an over-claim) when processes die, restart or lose messages?
+
+Each fault runs on a fresh fleet: the Indexer, --workers simulated SGLang workers
+(`kv-indexer-sim`, small caches so traffic evicts, a host tier) and one bridge per worker, all
+on 127.0.0.1. Traffic is /generate requests sent straight to the workers: prompts made of one
+of --docs shared documents plus a unique suffix, so prefixes are shared within and across
+workers and the caches evict on both tiers. Per fault: a burst before, steady traffic during
+the fault, a burst after; then quiet. The index is then polled (MatchExternalKv through
+`kv-indexer-ctl match --json`, every hash any prompt could have stored) together with each
+worker's own view (`GET /cache_view`) until the index matches the workers exactly or stops
+changing (--stable-s), within a deadline.
+
+Columns: placements expected (worker, tier, block triples the workers hold), held (those the
+index also holds), over-claimed (triples in the index the worker does not hold: must be 0),
+under-claimed (expected - held), time to converge (from the end of the fault: the restarted
+process is up, or for drop faults the last request, to the first poll showing the final state).
+
+Faults: none (control); kill -9 the server mid-stream and restart it on the same port; kill -9
+a bridge and restart it (with replay, and without); kill -9 a worker and restart it (sequence
+from 0, empty cache); --drop-every with replay; with a replay buffer that evicts; with no
+replay.
+
+    scripts/fault_tests.py [--only server-kill,sim-restart] [--workers 2] [--base-port 47300]
+
+Exit status 1 when any fault over-claims or does not settle. Only the Python standard library;
+the binaries are built with cargo (release) unless --no-build.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target/release")
+PAGE = 16
+HOST = "127.0.0.1"
+TIERS = {"GPU": "HBM", "CPU_PINNED": "DRAM"}  # the worker's tier names -> the index's
+MAX_MATCH_HASHES = 16384
+
+# Every process started, so that any exit path stops them (by pid, never by name).
+ALL_PROCS = []
+
+
+def block_hashes(tokens):
+    """SGLang's block hashes of the full pages of `tokens` (ids below 2^32): SHA-256 chained
+    over the previous digest, tokens as u32 little-endian, first 8 bytes as a signed i64."""
+    out, prior = [], b""
+    for start in range(0, len(tokens) - len(tokens) % PAGE, PAGE):
+        h = hashlib.sha256(prior)
+        h.update(b"".join(t.to_bytes(4, "little") for t in tokens[start:start + PAGE]))
+        prior = h.digest()
+        out.append(int.from_bytes(prior[:8], "big", signed=True))
+    return out
+
+
+def http_json(url, body=None, timeout=10):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def wait_until(check, what, timeout=30.0, interval=0.05):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(interval)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def http_ok(url):
+    with urllib.request.urlopen(url, timeout=1) as resp:
+        return resp.status == 200
+
+
+def tcp_open(port):
+    with socket.create_connection((HOST, port), timeout=0.5):
+        return True
+
+
+class Proc:
+    """One binary, restartable with the same arguments."""
+
+    def __init__(self, logs, name, argv, env=None):
+        self.logs, self.name, self.argv, self.env = logs, name, argv, env
+        self.popen = None
+        self.starts = 0
+        self.start()
+
+    def start(self):
+        self.starts += 1
+        log = open(os.path.join(self.logs, f"{self.name}.{self.starts}.log"), "w")
+        self.popen = subprocess.Popen(self.argv, stdout=log, stderr=log, env=self.env,
+                                      stdin=subprocess.DEVNULL)
+        log.close()
+        ALL_PROCS.append(self.popen)
+
+    def kill9(self):
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def alive(self):
+        return self.popen.poll() is None
+
+
+def stop_all():
+    for p in ALL_PROCS:
+        if p.poll() is None:
+            p.terminate()
+    for p in ALL_PROCS:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+    ALL_PROCS.clear()
+
+
+class Fleet:
+    def __init__(self, args, logs, sim_extra=(), replay=True):
+        self.args, self.logs = args, logs
+        base = args.base_port
+        self.indexer_port = base
+        self.endpoint = f"http://{HOST}:{base}"
+        self.server = Proc(logs, "server", [f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{base}"])
+        self.sims, self.bridges, self.urls, self.ids = [], [], [], []
+        for i in range(args.workers):
+            http_port, events, replay_port = base + 10 + i, base + 100 + i, base + 200 + i
+            argv = [f"{BIN}/kv-indexer-sim", "--host", HOST, "--port", str(http_port),
+                    "--kv-events-host", HOST, "--kv-events-port", str(events),
+                    "--page-size", str(PAGE), "--capacity-tokens", str(args.capacity_tokens),
+                    "--host-capacity-tokens", str(args.host_capacity_tokens),
+                    "--prefill-us-per-token", "1", "--decode-us-per-token", "100", *sim_extra]
+            if replay:
+                argv += ["--replay-port", str(replay_port)]
+            self.sims.append(Proc(logs, f"sim-{i}", argv))
+            env = dict(os.environ, KV_INDEXER_WORKER_ID=f"sim-{i}",
+                       KV_INDEXER_WORKER_ADDRESS=f"http://{HOST}:{http_port}",
+                       SGLANG_KV_EVENT_ENDPOINT=f"tcp://{HOST}:{events}",
+                       SGLANG_KV_EVENT_TOPIC="kv-events", KV_INDEXER_ENDPOINT=self.endpoint,
+                       RUST_LOG="info")
+            env.pop("SGLANG_KV_REPLAY_ENDPOINT", None)
+            if replay:
+                env["SGLANG_KV_REPLAY_ENDPOINT"] = f"tcp://{HOST}:{replay_port}"
+            self.bridges.append(Proc(logs, f"bridge-{i}", [f"{BIN}/kv-indexer-bridge"], env))
+            self.urls.append(f"http://{HOST}:{http_port}")
+            self.ids.append(f"sim-{i}")
+        wait_until(lambda: tcp_open(self.indexer_port), "the server")
+        for url in self.urls:
+            wait_until(lambda: http_ok(f"{url}/health"), f"{url}")
+        time.sleep(1.0)  # bridges subscribe (and replay from seq 0)
+        self.check_alive()
+
+    def check_alive(self):
+        for p in [self.server, *self.sims, *self.bridges]:
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}; see {self.logs}")
+
+    def restart_server(self):
+        self.server.kill9()
+        time.sleep(self.args.down_s)
+        self.server.start()
+        wait_until(lambda: tcp_open(self.indexer_port), "the restarted server")
+
+    def restart_bridge(self, i):
+        self.bridges[i].kill9()
+        time.sleep(self.args.down_s)
+        self.bridges[i].start()
+        time.sleep(0.2)
+
+    def restart_sim(self, i, down_s=None):
+        self.sims[i].kill9()
+        time.sleep(self.args.down_s if down_s is None else down_s)
+        # The ports were just closed: retry a few times if binding fails.
+        for _ in range(20):
+            self.sims[i].start()
+            try:
+                wait_until(lambda: http_ok(f"{self.urls[i]}/health"), "the restarted worker", timeout=3)
+                return
+            except RuntimeError:
+                pass
+            if self.sims[i].alive():
+                return
+            time.sleep(0.25)
+        raise RuntimeError("the worker did not restart")
+
+    # -- views --------------------------------------------------------------------------------
+
+    def worker_views(self):
+        """{worker_id: set((tier, hash))} as each worker's cache holds them."""
+        views = {}
+        for wid, url in zip(self.ids, self.urls):
+            view = http_json(f"{url}/cache_view")
+            views[wid] = {(TIERS[t], h) for t, hashes in view["tiers"].items() for h in hashes}
+        return views
+
+    def index_view(self, universe):
+        """{worker_id: set((tier, hash))} as the index holds them, over `universe`."""
+        held = {}
+        hashes = sorted(universe)
+        for start in range(0, len(hashes), MAX_MATCH_HASHES):
+            chunk = hashes[start:start + MAX_MATCH_HASHES]
+            out = subprocess.run(
+                [f"{BIN}/kv-indexer-ctl", "--endpoint", self.endpoint, "--json", "match", "--",
+                 *map(str, chunk)], capture_output=True, text=True, timeout=30)
+            if out.returncode != 0:
+                raise RuntimeError(f"kv-indexer-ctl match failed: {out.stdout} {out.stderr}")
+            for node in json.loads(out.stdout)["matches"]:
+                dest = held.setdefault(node["worker_id"], set())
+                for tier in node["tiers"]:
+                    dest.update((tier["tier"], h) for h in tier["hashes"])
+        return held
+
+
+class Traffic:
+    """Prompts with shared prefixes to every worker; remembers every hash they could store."""
+
+    def __init__(self, args, seed):
+        self.args = args
+        self.rng = random.Random(seed)
+        self.universe = set()
+        self.sent = self.errors = 0
+        self.suffix = 0
+        self.lock = threading.Lock()
+
+    def prompt(self):
+        with self.lock:
+            doc = self.rng.randrange(self.args.docs)
+            self.suffix += 1
+            suffix = self.suffix
+        prefix = [doc * 100_000 + j for j in range(self.args.doc_tokens)]
+        tail = [50_000_000 + suffix * 1000 + j for j in range(self.args.suffix_tokens)]
+        return prefix + tail
+
+    def one(self, url):
+        tokens = self.prompt()
+        with self.lock:
+            self.universe.update(block_hashes(tokens))
+        try:
+            out = http_json(f"{url}/generate", {"input_ids": tokens,
+                                                 "sampling_params": {"max_new_tokens": 1}})
+            with self.lock:
+                self.universe.update(block_hashes(tokens + out.get("output_ids", [])))
+                self.sent += 1
+        except Exception:
+            with self.lock:
+                self.errors += 1
+
+    def burst(self, urls, per_worker):
+        for _ in range(per_worker):
+            for url in urls:
+                self.one(url)
+
+    def background(self, urls):
+        """Steady traffic until the returned event is set (bounded: at most 100,000 requests)."""
+        stop = threading.Event()
+
+        def run():
+            for _ in range(100_000):
+                if stop.is_set():
+                    return
+                for url in urls:
+                    self.one(url)
+                time.sleep(0.005)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return stop, thread
+
+
+def compare(workers, index):
+    expected = sum(len(v) for v in workers.values())
+    held = over = 0
+    over_examples = []
+    for wid in set(workers) | set(index):
+        w, i = workers.get(wid, set()), index.get(wid, set())
+        held += len(w & i)
+        extra = i - w
+        over += len(extra)
+        over_examples += [(wid, *e) for e in sorted(extra)[:3]]
+    return expected, held, over, expected - held, over_examples
+
+
+def settle(fleet, traffic, t0, args):
+    """Polls until the index equals the workers' views, or stops changing for --stable-s."""
+    deadline = time.time() + args.deadline_s
+    last_state, since = None, None
+    stable_since = time.time()
+    while True:
+        workers = fleet.worker_views()
+        universe = traffic.universe | {h for v in workers.values() for _, h in v}
+        index = fleet.index_view(universe)
+        now = time.time()
+        state = (frozenset((w, frozenset(v)) for w, v in workers.items()),
+                 frozenset((w, frozenset(v)) for w, v in index.items() if v))
+        if state != last_state:
+            last_state, since, stable_since = state, now, now
+        expected, held, over, under, examples = compare(workers, index)
+        exact = over == 0 and under == 0
+        if exact or now - stable_since >= args.stable_s:
+            return dict(expected=expected, held=held, over=over, under=under,
+                        converge=since - t0, settled=True, examples=examples,
+                        unknown=len({h for v in workers.values() for _, h in v} - traffic.universe))
+        if now > deadline:
+            return dict(expected=expected, held=held, over=over, under=under,
+                        converge=now - t0, settled=False, examples=examples, unknown=0)
+        time.sleep(args.poll_s)
+
+
+FAULTS = {
+    # name: (sim flags, replay, description)
+    "none": ((), True, "no fault (control)"),
+    "server-kill": ((), True, "kill -9 the server, restart on the same port"),
+    "bridge-kill": ((), True, "kill -9 a bridge, restart it (replay)"),
+    "bridge-kill-noreplay": ((), False, "kill -9 a bridge, restart it (no replay)"),
+    "sim-restart": ((), True, "kill -9 a worker, restart it (seq 0, empty)"),
+    "sim-restart-busy": ((), True, "same, 3 s down, busy before the bridge reconnects"),
+    "sim-restart-bridge-down": ((), True, "worker restarts while its bridge is down"),
+    "drop-replay": (("--drop-every", "7"), True, "drop every 7th message, replay"),
+    "drop-evicting-replay": (("--drop-every", "7", "--replay-buffer-steps", "2"), True,
+                             "drop every 7th, replay buffer of 2 steps"),
+    "drop-noreplay": (("--drop-every", "7"), False, "drop every 7th message, no replay"),
+}
+
+
+def run_fault(args, name, logs_root, seed):
+    sim_extra, replay, _ = FAULTS[name]
+    logs = os.path.join(logs_root, name)
+    os.makedirs(logs)
+    fleet = Fleet(args, logs, sim_extra, replay)
+    traffic = Traffic(args, seed)
+    try:
+        traffic.burst(fleet.urls, args.before)
+        stop, thread = traffic.background(fleet.urls)
+        time.sleep(args.during_s / 2)
+        if name == "server-kill":
+            fleet.restart_server()
+        elif name.startswith("bridge-kill"):
+            fleet.restart_bridge(0)
+        elif name == "sim-restart":
+            fleet.restart_sim(0)
+        elif name == "sim-restart-busy":
+            # Down long enough for the subscriber's reconnect backoff to grow, then busy at
+            # once: the new publisher's sequence passes the old one before the bridge is back.
+            fleet.restart_sim(0, down_s=3.0)
+            traffic.burst(fleet.urls[:1], args.busy_requests)
+        elif name == "sim-restart-bridge-down":
+            fleet.bridges[0].kill9()
+            fleet.restart_sim(0)
+            traffic.burst(fleet.urls[:1], 5)
+            fleet.bridges[0].start()
+        t0 = time.time()
+        time.sleep(args.during_s / 2)
+        stop.set()
+        thread.join(timeout=60)
+        traffic.burst(fleet.urls, args.after)
+        if name.startswith("drop") or name == "none":
+            t0 = time.time()  # the fault lasts as long as the traffic
+        fleet.check_alive()
+        result = settle(fleet, traffic, t0, args)
+        result.update(requests=traffic.sent, errors=traffic.errors)
+        return result
+    finally:
+        stop_all()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(FAULTS), help="comma-separated faults: " + ", ".join(FAULTS))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--base-port", type=int, default=47300)
+    ap.add_argument("--docs", type=int, default=24, help="shared documents (prefixes)")
+    ap.add_argument("--doc-tokens", type=int, default=512)
+    ap.add_argument("--suffix-tokens", type=int, default=64)
+    ap.add_argument("--capacity-tokens", type=int, default=4096, help="each worker's device cache")
+    ap.add_argument("--host-capacity-tokens", type=int, default=8192, help="each worker's host tier")
+    ap.add_argument("--before", type=int, default=30, help="requests per worker before the fault")
+    ap.add_argument("--after", type=int, default=15, help="requests per worker after the fault")
+    ap.add_argument("--during-s", type=float, default=2.0, help="steady traffic around the fault")
+    ap.add_argument("--busy-requests", type=int, default=300,
+                    help="requests to the restarted worker at once (sim-restart-busy)")
+    ap.add_argument("--down-s", type=float, default=1.0, help="how long a killed process stays down")
+    ap.add_argument("--stable-s", type=float, default=4.0,
+                    help="settled when the index has not changed for this long (longer than the bridge's backoff steps)")
+    ap.add_argument("--deadline-s", type=float, default=40.0)
+    ap.add_argument("--poll-s", type=float, default=0.2)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--no-build", action="store_true")
+    args = ap.parse_args()
+    faults = [f for f in args.only.split(",") if f]
+    for f in faults:
+        if f not in FAULTS:
+            ap.error(f"unknown fault {f!r}")
+
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim"],
+                       cwd=ROOT, check=True)
+    logs_root = tempfile.mkdtemp(prefix="kv-fault-tests-")
+
+    def on_signal(signum, _frame):
+        stop_all()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    rows, failed = [], False
+    try:
+        for k, name in enumerate(faults):
+            print(f"running {name}: {FAULTS[name][2]} …", file=sys.stderr, flush=True)
+            try:
+                r = run_fault(args, name, logs_root, args.seed + k)
+            except Exception as error:  # report and go on with the next fault
+                print(f"  {name} failed: {error}", file=sys.stderr)
+                rows.append((name, None))
+                failed = True
+                continue
+            if r["over"] or not r["settled"]:
+                failed = True
+            if r["over"]:
+                print(f"  OVER-CLAIM examples (worker, tier, hash): {r['examples']}", file=sys.stderr)
+            rows.append((name, r))
+    finally:
+        stop_all()
+
+    print()
+    print(f"{'fault':<22} {'description':<44} {'requests':>8} {'expected':>9} {'held':>6} "
+          f"{'over':>5} {'under':>6} {'converge_s':>10}")
+    for name, r in rows:
+        desc = FAULTS[name][2]
+        if r is None:
+            print(f"{name:<22} {desc:<44} {'ERROR':>8}")
+            continue
+        conv = f"{r['converge']:.2f}" + ("" if r["settled"] else " (deadline)")
+        print(f"{name:<22} {desc:<44} {r['requests']:>8} {r['expected']:>9} {r['held']:>6} "
+              f"{r['over']:>5} {r['under']:>6} {conv:>10}")
+    print(f"\nlogs: {logs_root}")
+    print("over-claims: " + ("NONE" if not any(r and r["over"] for _, r in rows) else "FOUND"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    finally:
+        stop_all()
