@@ -421,12 +421,23 @@ async fn applies_the_captured_real_frames_from_a_late_publisher() {
     bridge.stop().await;
 }
 
-#[tokio::test]
-async fn heals_a_gap_exactly_from_the_replay_router() {
+/// A server, a publisher with a replay ROUTER answering from `buffer`, and a bridge following
+/// both, already subscribed.
+struct WithReplay {
+    server: IndexServer,
+    publisher: Publisher,
+    pub_addr: SocketAddr,
+    buffer: ReplayBuffer,
+    router: JoinHandle<()>,
+    bridge: RunningBridge,
+}
+
+async fn with_replay() -> WithReplay {
     let server = IndexServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
     let (pub_listener, pub_endpoint) = loopback();
+    let pub_addr = pub_listener.local_addr().unwrap();
     let (replay_listener, replay_endpoint) = loopback();
-    let buffer = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let buffer: ReplayBuffer = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let router = replay_router(replay_listener, buffer.clone());
     let mut publisher = Publisher::bind(pub_listener).await;
     let bridge = RunningBridge::start(bridge_config(
@@ -435,6 +446,26 @@ async fn heals_a_gap_exactly_from_the_replay_router() {
         Some(&replay_endpoint),
     ));
     publisher.wait_subscribed(&bridge.stats).await;
+    WithReplay {
+        server,
+        publisher,
+        pub_addr,
+        buffer,
+        router,
+        bridge,
+    }
+}
+
+#[tokio::test]
+async fn heals_a_gap_exactly_from_the_replay_router() {
+    let WithReplay {
+        server,
+        mut publisher,
+        buffer,
+        router,
+        bridge,
+        ..
+    } = with_replay().await;
 
     let captured = captured();
     for batch in &captured {
@@ -465,18 +496,14 @@ async fn heals_a_gap_exactly_from_the_replay_router() {
 
 #[tokio::test]
 async fn clears_the_worker_when_the_replay_was_evicted() {
-    let server = IndexServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
-    let (pub_listener, pub_endpoint) = loopback();
-    let (replay_listener, replay_endpoint) = loopback();
-    let buffer = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let router = replay_router(replay_listener, buffer.clone());
-    let mut publisher = Publisher::bind(pub_listener).await;
-    let bridge = RunningBridge::start(bridge_config(
-        server.addr,
-        &pub_endpoint,
-        Some(&replay_endpoint),
-    ));
-    publisher.wait_subscribed(&bridge.stats).await;
+    let WithReplay {
+        server,
+        mut publisher,
+        buffer,
+        router,
+        bridge,
+        ..
+    } = with_replay().await;
 
     let captured = captured();
     for batch in &captured[..2] {
@@ -583,19 +610,14 @@ async fn rebind(addr: SocketAddr) -> std::net::TcpListener {
 /// process. Only the reconnect tells the truth: the old blocks must go.
 #[tokio::test]
 async fn a_worker_restart_that_looks_like_a_gap_still_clears_the_worker() {
-    let server = IndexServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
-    let (pub_listener, pub_endpoint) = loopback();
-    let pub_addr = pub_listener.local_addr().unwrap();
-    let (replay_listener, replay_endpoint) = loopback();
-    let buffer: ReplayBuffer = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let router = replay_router(replay_listener, buffer.clone());
-    let mut publisher = Publisher::bind(pub_listener).await;
-    let bridge = RunningBridge::start(bridge_config(
-        server.addr,
-        &pub_endpoint,
-        Some(&replay_endpoint),
-    ));
-    publisher.wait_subscribed(&bridge.stats).await;
+    let WithReplay {
+        server,
+        mut publisher,
+        pub_addr,
+        buffer,
+        router,
+        bridge,
+    } = with_replay().await;
     for (seq, hashes) in [(0u64, [1i64, 2]), (1, [3, 4])] {
         let payload = batch(vec![stored(&hashes, "GPU")]);
         buffer.lock().push((seq, payload.clone()));
@@ -629,19 +651,14 @@ async fn a_worker_restart_that_looks_like_a_gap_still_clears_the_worker() {
 /// clear it (and replay what the new process has).
 #[tokio::test]
 async fn a_quiet_worker_restart_clears_the_worker() {
-    let server = IndexServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
-    let (pub_listener, pub_endpoint) = loopback();
-    let pub_addr = pub_listener.local_addr().unwrap();
-    let (replay_listener, replay_endpoint) = loopback();
-    let buffer: ReplayBuffer = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let router = replay_router(replay_listener, buffer.clone());
-    let mut publisher = Publisher::bind(pub_listener).await;
-    let bridge = RunningBridge::start(bridge_config(
-        server.addr,
-        &pub_endpoint,
-        Some(&replay_endpoint),
-    ));
-    publisher.wait_subscribed(&bridge.stats).await;
+    let WithReplay {
+        server,
+        mut publisher,
+        pub_addr,
+        buffer,
+        router,
+        bridge,
+    } = with_replay().await;
     let old = batch(vec![stored(&[1, 2, 3], "GPU")]);
     buffer.lock().push((0, old.clone()));
     publisher.publish(0, &old).await;
