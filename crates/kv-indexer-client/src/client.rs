@@ -19,15 +19,14 @@ use std::time::Duration;
 
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1 as pb;
-use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::outcome::{self, HitCount, NodeMatch, PrefixOutcome, QueryError};
+use crate::security::{ClientSecurity, Grpc, SecurityError};
 
 /// The router contract's default per-query deadline.
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_millis(100);
@@ -50,6 +49,8 @@ pub struct ClientConfig {
     pub max_inflight: usize,
     /// The bound on one connection attempt.
     pub connect_timeout: Duration,
+    /// TLS roots, client identity and token (none by default: plain `http://`).
+    pub security: ClientSecurity,
 }
 
 impl ClientConfig {
@@ -60,6 +61,7 @@ impl ClientConfig {
             query_timeout: DEFAULT_QUERY_TIMEOUT,
             max_inflight: DEFAULT_MAX_INFLIGHT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            security: ClientSecurity::default(),
         }
     }
 }
@@ -73,18 +75,14 @@ pub enum ClientError {
     ZeroInflight,
     #[error("query_timeout must be more than zero")]
     ZeroTimeout,
-    #[error("endpoint {endpoint}")]
-    Transport {
-        endpoint: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    #[error(transparent)]
+    Security(#[from] SecurityError),
 }
 
 #[derive(Debug)]
 struct Replica {
     endpoint: Endpoint,
-    client: KvIndexerClient<Channel>,
+    client: Grpc,
 }
 
 /// The router's client of the Indexer; cheap to share (`&self` everywhere), one lazily
@@ -110,21 +108,17 @@ impl IndexerClient {
         if config.query_timeout.is_zero() {
             return Err(ClientError::ZeroTimeout);
         }
+        let credentials = config.security.load()?;
         let replicas = config
             .endpoints
             .into_iter()
             .map(|endpoint| {
-                let channel = tonic::transport::Endpoint::from_shared(endpoint.dial_string())
-                    .map_err(|source| ClientError::Transport {
-                        endpoint: endpoint.to_string(),
-                        source,
-                    })?
+                let channel = credentials
+                    .endpoint(&endpoint.dial_string())?
                     .connect_timeout(config.connect_timeout)
                     .tcp_nodelay(true)
                     .connect_lazy();
-                let client = KvIndexerClient::new(channel)
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+                let client = credentials.client(channel);
                 Ok(Replica { endpoint, client })
             })
             .collect::<Result<Vec<_>, ClientError>>()?;
@@ -216,7 +210,7 @@ impl IndexerClient {
     /// as the status a server would have sent, so one classification covers both.
     async fn query<T, F, Fut>(&self, rpc: F) -> Result<T, Status>
     where
-        F: FnMut(KvIndexerClient<Channel>, Duration) -> Fut,
+        F: FnMut(Grpc, Duration) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let Ok(_permit) = self.admission.try_acquire() else {
@@ -235,7 +229,7 @@ impl IndexerClient {
     /// Tries each replica in order while its failure is one the next replica may not share.
     async fn fail_over<T, F, Fut>(&self, deadline: Instant, mut rpc: F) -> Result<T, Status>
     where
-        F: FnMut(KvIndexerClient<Channel>, Duration) -> Fut,
+        F: FnMut(Grpc, Duration) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let mut last = None;
@@ -244,7 +238,10 @@ impl IndexerClient {
             if remaining.is_zero() {
                 return Err(self.spent());
             }
-            match rpc(replica.client.clone(), remaining).await {
+            match rpc(replica.client.clone(), remaining)
+                .await
+                .map_err(transport_is_unavailable)
+            {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) if PrefixOutcome::from_status(&status).fails_over() => {
                     debug!(endpoint = %replica.endpoint, code = ?status.code(), message = status.message(), "indexer replica failed");
@@ -262,6 +259,33 @@ impl IndexerClient {
             self.query_timeout
         ))
     }
+}
+
+/// tonic reports a connection that failed under a call (a TLS peer that refuses our
+/// certificate, a plain server that drops a TLS hello) as UNKNOWN "transport error"; for the
+/// router that is an unreachable replica, not an answer, so it becomes UNAVAILABLE with the
+/// cause in the message.
+pub fn transport_is_unavailable(status: Status) -> Status {
+    match std::error::Error::source(&status) {
+        Some(source)
+            if status.code() == tonic::Code::Unknown && source.is::<tonic::transport::Error>() =>
+        {
+            Status::unavailable(format!("{}: {}", status.message(), error_chain(source)))
+        }
+        _ => status,
+    }
+}
+
+/// An error and its causes on one line, `: `-separated.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn with_timeout<T>(message: T, timeout: Duration) -> Request<T> {

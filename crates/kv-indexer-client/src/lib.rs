@@ -7,6 +7,8 @@
 //!   rejected at start-up when it can never be dialed.
 //! - [`client`]: [`IndexerClient`], lazily connected, with the local admission bound, the
 //!   deadline (sent and enforced), replica fail-over and long-prompt truncation.
+//! - [`security`]: TLS roots, client identity (mutual TLS) and the bearer token, shared by
+//!   every client of the Indexer.
 //! - [`outcome`]: [`PrefixOutcome`] and the lookup answers; the one place that turns wire
 //!   answers and status codes into them.
 
@@ -14,6 +16,7 @@ pub mod client;
 pub mod endpoint;
 pub mod hashing;
 pub mod outcome;
+pub mod security;
 pub mod signal;
 pub mod throttle;
 pub mod tokenize;
@@ -24,5 +27,6 @@ pub use hashing::{HashConfig, block_hashes};
 pub use outcome::{
     HitCount, NodeMatch, PrefixMatch, PrefixOutcome, QueryError, Tier, TierPlacements,
 };
+pub use security::{ClientSecurity, Credentials, SecurityError};
 pub use tokenize::simple_tokenize;
 pub use tonic::Code;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use kv_indexer_client::ClientSecurity;
 use kv_indexer_client::endpoint::Endpoint;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -69,6 +70,9 @@ pub struct Args {
     /// Seconds between worker health checks.
     #[arg(long, env = "KV_ROUTER_HEALTH_INTERVAL_SECS", default_value_t = 2)]
     pub health_interval_secs: u64,
+    /// TLS and the read token for the Indexer.
+    #[command(flatten)]
+    pub indexer_security: ClientSecurity,
 }
 
 /// The validated settings.
@@ -85,6 +89,7 @@ pub struct RouterConfig {
     pub model_id: String,
     pub radix_max_tokens: usize,
     pub health_interval: Duration,
+    pub indexer_security: ClientSecurity,
 }
 
 impl RouterConfig {
@@ -104,6 +109,9 @@ impl RouterConfig {
             (None, Some(_)) => PrefixProvider::Indexer,
             (None, None) => PrefixProvider::RadixTree,
         };
+        args.indexer_security
+            .load()
+            .map_err(|error| format!("Indexer TLS or token setting: {error}"))?;
         for url in &args.worker_urls {
             let parsed: Result<http::Uri, _> = url.parse();
             if !matches!(parsed, Ok(ref uri) if uri.scheme().is_some() && uri.host().is_some()) {
@@ -124,6 +132,7 @@ impl RouterConfig {
             model_id: args.model_id.clone(),
             radix_max_tokens: args.radix_max_tokens,
             health_interval: Duration::from_secs(args.health_interval_secs.max(1)),
+            indexer_security: args.indexer_security.clone(),
         })
     }
 }
@@ -153,6 +162,42 @@ mod tests {
         assert_eq!(c.query_timeout, Duration::from_millis(100));
         assert_eq!(c.query_max_inflight, 32);
         assert_eq!(c.min_matched_tokens, 1024);
+    }
+
+    #[test]
+    fn takes_the_indexer_tls_and_token_settings() {
+        let c = config(&[
+            "--worker-urls",
+            "http://a:1",
+            "--kv-indexer-endpoint",
+            "https://indexer:50051",
+            "--indexer-tls-domain",
+            "indexer.internal",
+            "--indexer-token",
+            "r-secret",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.indexer_security.tls_domain.as_deref(),
+            Some("indexer.internal")
+        );
+        assert_eq!(c.indexer_security.token.as_deref(), Some("r-secret"));
+        let error = config(&[
+            "--worker-urls",
+            "http://a:1",
+            "--indexer-ca",
+            "/nonexistent/ca.pem",
+        ])
+        .unwrap_err();
+        assert!(error.contains("KV_INDEXER_TLS_CA"), "{error}");
+        let error = config(&[
+            "--worker-urls",
+            "http://a:1",
+            "--indexer-client-cert",
+            "c.pem",
+        ])
+        .unwrap_err();
+        assert!(error.contains("--indexer-client-key"), "{error}");
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub fn state(
             let mut client_config = ClientConfig::new(endpoints.clone());
             client_config.query_timeout = config.query_timeout;
             client_config.max_inflight = config.query_max_inflight;
+            client_config.security = config.indexer_security.clone();
             Policy::CacheAwareIndexer {
                 client: IndexerClient::new(client_config).context("--kv-indexer-endpoint")?,
                 hashing: hashing.clone(),

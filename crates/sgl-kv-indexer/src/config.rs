@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 
 use clap::Parser;
 
@@ -24,6 +25,27 @@ pub struct Args {
     /// Address of the admin HTTP server serving Prometheus metrics on /metrics (off when unset).
     #[arg(long, env = "KV_INDEXER_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+
+    /// PEM certificate chain of the server; with the key, the listener speaks TLS only.
+    #[arg(long, env = "KV_INDEXER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of that certificate.
+    #[arg(long, env = "KV_INDEXER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificate(s): when set, every client must present a certificate they signed
+    /// (mutual TLS).
+    #[arg(long, env = "KV_INDEXER_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Bearer token ApplyExternalKvBatch must carry (applies are open when unset).
+    #[arg(long, env = "KV_INDEXER_WRITE_TOKEN", hide_env_values = true)]
+    pub write_token: Option<String>,
+
+    /// Bearer token the queries must carry, the write token also accepted (open when unset).
+    #[arg(long, env = "KV_INDEXER_READ_TOKEN", hide_env_values = true)]
+    pub read_token: Option<String>,
 }
 
 /// The validated settings the service runs with.
@@ -108,6 +130,11 @@ mod tests {
             "KV_INDEXER_LISTEN_ADDR",
             "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT",
             "KV_INDEXER_METRICS_ADDR",
+            "KV_INDEXER_TLS_CERT",
+            "KV_INDEXER_TLS_KEY",
+            "KV_INDEXER_TLS_CLIENT_CA",
+            "KV_INDEXER_WRITE_TOKEN",
+            "KV_INDEXER_READ_TOKEN",
         ] {
             assert!(help.contains(var), "--help does not mention {var}");
         }

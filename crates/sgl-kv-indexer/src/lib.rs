@@ -1,6 +1,7 @@
 //! The KV-cache Indexer server: the `kv_indexer.v1` gRPC service over the pure index of the
 //! `kv-index` crate, with admission control, deadline shedding, health, reflection and metrics.
 //!
+//! - [`access`]: TLS (optionally mutual) and the read and write tokens;
 //! - [`bridge`]: `kv-indexer-bridge`, SGLang's ZMQ event stream into the index;
 //! - [`config`]: flags and environment variables;
 //! - [`server`]: assembles the gRPC server and runs it on a bound listener;
@@ -10,6 +11,7 @@
 //! - [`error`]: every error and its status code;
 //! - [`observe`]: Prometheus metrics and their admin endpoint;
 
+pub mod access;
 pub mod bridge;
 pub mod config;
 pub mod convert;

@@ -31,6 +31,11 @@ pub fn rejection(class: &'static str) {
     metrics::counter!("kv_indexer_rejections_total", "class" => class).increment(1);
 }
 
+/// A connection that did not complete its TLS handshake.
+pub fn tls_handshake_failed() {
+    metrics::counter!("kv_indexer_tls_handshake_failures_total").increment(1);
+}
+
 pub fn index_size(stats: IndexStats) {
     metrics::gauge!("kv_indexer_blocks").set(stats.blocks as f64);
     metrics::gauge!("kv_indexer_placements").set(stats.placements as f64);

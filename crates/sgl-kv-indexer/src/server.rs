@@ -4,10 +4,12 @@
 //! Connections are served with hyper directly rather than `tonic::transport::Server`, because
 //! tonic's server enforces `grpc-timeout` itself and answers CANCELLED, where the contract wants
 //! DEADLINE_EXCEEDED from our own check (`deadline`). The accept loop stamps each request's
-//! arrival for that check.
+//! arrival for that check, and checks the caller's token (`access`) before a body is read.
+//! With TLS, each connection's handshake runs in that connection's task, bounded by
+//! [`TLS_HANDSHAKE_TIMEOUT`], so a slow or hostile client cannot stall the accept loop.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hyper::body::Incoming;
@@ -16,23 +18,38 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
+use crate::access::{self, Access};
 use crate::config::Config;
 use crate::deadline::Arrival;
 use crate::service::{IndexerService, Shared};
 
 /// HTTP/2 streams allowed at once on one connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 64;
+/// How long a client may take over the TLS handshake.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves the Indexer on an already-bound listener until `shutdown` resolves, then drains the
-/// open connections. `shared` lets the caller (tests, the binary) observe the index.
+/// Serves the Indexer in plain HTTP/2 without tokens; see [`serve`].
 pub async fn run(
     listener: TcpListener,
     shared: Arc<Shared>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    serve(listener, shared, Access::default(), shutdown).await
+}
+
+/// Serves the Indexer on an already-bound listener with `access` (TLS, tokens) until
+/// `shutdown` resolves, then drains the open connections. `shared` lets the caller (tests,
+/// the binary) observe the index.
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    access: Access,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let addr = listener
@@ -42,8 +59,11 @@ pub async fn run(
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let graceful = GracefulShutdown::new();
+    let tokens = Arc::new(access.tokens);
+    let refused = Arc::new(kv_indexer_client::throttle::DoublingLog::default());
+    let handshakes_failed = Arc::new(kv_indexer_client::throttle::DoublingLog::default());
 
-    info!(%addr, "kv-indexer-server listening");
+    info!(%addr, tls = access.tls.is_some(), mutual_tls = access.mutual_tls, "kv-indexer-server listening");
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -62,16 +82,47 @@ pub async fn run(
             debug!(%error, %peer, "cannot set TCP_NODELAY");
         }
         let routes = routes.clone();
+        let tokens = tokens.clone();
+        let refused = refused.clone();
         let service = tower::service_fn(move |mut request: http::Request<Incoming>| {
-            request.extensions_mut().insert(Arrival(Instant::now()));
-            routes.clone().oneshot(request)
+            let arrival = Instant::now();
+            let checked = tokens.check(request.uri().path(), request.headers());
+            let routes = routes.clone();
+            let refused = refused.clone();
+            async move {
+                if let Err(status) = checked {
+                    let rpc = access::method_label(request.uri().path());
+                    crate::observe::request(rpc, status.code(), arrival.elapsed());
+                    if let Some(total) = refused.record() {
+                        warn!(total, %peer, message = status.message(), "refused a call without the right token");
+                    }
+                    return Ok(status.into_http());
+                }
+                request.extensions_mut().insert(Arrival(arrival));
+                routes.oneshot(request).await
+            }
         });
-        let connection =
-            http2.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-        let connection = graceful.watch(connection);
+        let service = TowerToHyperService::new(service);
+        let watcher = graceful.watcher();
+        let http2 = http2.clone();
+        let tls = access.tls.clone();
+        let handshakes_failed = handshakes_failed.clone();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                debug!(%error, %peer, "connection ended with an error");
+            let Some(tls) = tls else {
+                return serve_connection(&http2, watcher, stream, service, peer).await;
+            };
+            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(&http2, watcher, stream, service, peer).await,
+                failed => {
+                    crate::observe::tls_handshake_failed();
+                    let error = match failed {
+                        Ok(Err(error)) => error.to_string(),
+                        _ => format!("no handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
+                    };
+                    if let Some(total) = handshakes_failed.record() {
+                        warn!(total, %peer, %error, "TLS handshake failed");
+                    }
+                }
             }
         });
     }
@@ -79,6 +130,28 @@ pub async fn run(
     graceful.shutdown().await;
     info!("kv-indexer-server stopped");
     Ok(())
+}
+
+/// Serves one accepted connection (plain or TLS) until it ends or the server drains.
+async fn serve_connection<IO, S>(
+    http2: &hyper::server::conn::http2::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    io: IO,
+    service: S,
+    peer: std::net::SocketAddr,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming> + Send + 'static,
+    S::Future: Send + 'static,
+    S::ResBody: Send + 'static,
+    <S::ResBody as hyper::body::Body>::Data: Send,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connection = watcher.watch(http2.serve_connection(TokioIo::new(io), service));
+    if let Err(error) = connection.await {
+        debug!(%error, %peer, "connection ended with an error");
+    }
 }
 
 /// The gRPC services: the Indexer, health (SERVING from the start) and reflection.

@@ -20,8 +20,8 @@ use anyhow::Context;
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::{
-    ClientConfig, Endpoint, HitCount, IndexerClient, MAX_PREFIX_HASHES, NodeMatch, PrefixOutcome,
-    QueryError, simple_tokenize,
+    ClientConfig, ClientSecurity, Endpoint, HitCount, IndexerClient, MAX_PREFIX_HASHES, NodeMatch,
+    PrefixOutcome, QueryError, simple_tokenize,
 };
 use serde_json::{Value, json};
 
@@ -49,6 +49,9 @@ struct Args {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// TLS and the read (or write) token for the Indexer.
+    #[command(flatten)]
+    security: ClientSecurity,
     #[command(subcommand)]
     command: Command,
 }
@@ -201,6 +204,7 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
             Endpoint::parse_list(&args.endpoint).context("--endpoint (KV_INDEXER_ENDPOINT)")?;
         let mut config = ClientConfig::new(endpoints);
         config.query_timeout = Duration::from_millis(args.timeout_ms.get());
+        config.security = args.security.clone();
         IndexerClient::new(config).context("--endpoint (KV_INDEXER_ENDPOINT)")
     };
     Ok(match &args.command {

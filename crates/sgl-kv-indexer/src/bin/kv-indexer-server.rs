@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use kv_indexer_client::signal;
+use sgl_kv_indexer::access::Access;
 use sgl_kv_indexer::{Args, Config, observe, server};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +19,10 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let config = Config::from(&args);
+    let access = Access::from_args(&args)?;
+    for warning in access.warnings(args.listen_addr) {
+        warn!("{warning}");
+    }
     let listener = TcpListener::bind(args.listen_addr)
         .await
         .with_context(|| format!("binding KV_INDEXER_LISTEN_ADDR {}", args.listen_addr))?;
@@ -42,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let shared = server::shared(&config);
-    let result = server::run(listener, shared, stop.clone().cancelled_owned()).await;
+    let result = server::serve(listener, shared, access, stop.clone().cancelled_owned()).await;
     stop.cancel();
     while let Some(joined) = tasks.join_next().await {
         if let Ok(Err(error)) = joined {

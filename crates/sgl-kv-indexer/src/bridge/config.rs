@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use kv_index::{COMPONENT_FULL, COMPONENT_MAMBA, COMPONENT_SWA, CacheSpec, Tier};
+use kv_indexer_client::client::error_chain;
+use kv_indexer_client::{ClientSecurity, Credentials};
 
 /// Follows one SGLang worker's KV event stream and applies it to the Indexer.
 #[derive(Debug, Clone, Parser)]
@@ -66,6 +68,9 @@ pub struct Args {
     /// Admin HTTP address serving Prometheus metrics on /metrics (off when unset).
     #[arg(long, env = "KV_INDEXER_BRIDGE_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// TLS and the write token (`KV_INDEXER_TOKEN`) for the Indexer.
+    #[command(flatten)]
+    pub security: ClientSecurity,
 }
 
 /// A list of tiers from `HBM|GPU`, `DRAM|CPU|CPU_PINNED`, `SSD|DISK`, comma-separated.
@@ -133,6 +138,8 @@ pub struct BridgeConfig {
     pub heartbeat: Option<Duration>,
     /// How long to wait for each replay reply before giving up on the replay.
     pub replay_timeout: Duration,
+    /// TLS and token, read and checked.
+    pub credentials: Credentials,
 }
 
 impl BridgeConfig {
@@ -147,11 +154,9 @@ impl BridgeConfig {
                 args.endpoint
             ));
         }
-        tonic::transport::Endpoint::from_shared(args.endpoint.clone()).map_err(|error| {
-            format!(
-                "KV_INDEXER_ENDPOINT (--endpoint) {:?}: {error}",
-                args.endpoint
-            )
+        let credentials = args.security.load().map_err(|error| error_chain(&error))?;
+        credentials.endpoint(&args.endpoint).map_err(|error| {
+            format!("KV_INDEXER_ENDPOINT (--endpoint): {}", error_chain(&error))
         })?;
         check_zmq_endpoint(
             "SGLANG_KV_EVENT_ENDPOINT (--event-endpoint)",
@@ -201,6 +206,7 @@ impl BridgeConfig {
             queue_batches: args.queue_batches as usize,
             heartbeat: (args.heartbeat_ms > 0).then(|| Duration::from_millis(args.heartbeat_ms)),
             replay_timeout: Duration::from_secs(2),
+            credentials,
         })
     }
 }
@@ -285,6 +291,19 @@ mod tests {
             config.cache_spec.unwrap().components,
             COMPONENT_FULL | COMPONENT_MAMBA
         );
+    }
+
+    #[test]
+    fn rejects_tls_settings_that_cannot_work() {
+        check_err(
+            &["--worker-id", "w", "--indexer-ca", "/nonexistent/ca.pem"],
+            "reading KV_INDEXER_TLS_CA \"/nonexistent/ca.pem\"",
+        );
+        check_err(
+            &["--worker-id", "w", "--indexer-tls-domain", "indexer"],
+            "KV_INDEXER_ENDPOINT (--endpoint): TLS options (CA, client certificate, TLS domain) are given but endpoint http://[::1]:50051 is not https://",
+        );
+        check_err(&["--worker-id", "w", "--indexer-token", "a b"], "token");
     }
 
     #[test]

@@ -45,6 +45,10 @@ pub enum BridgeError {
     #[error("bad setting: {0}")]
     Config(String),
     #[error(
+        "the indexer refused the bridge's token ({message}): set KV_INDEXER_TOKEN (--indexer-token) to the server's KV_INDEXER_WRITE_TOKEN; not retrying"
+    )]
+    Unauthenticated { message: String },
+    #[error(
         "the indexer rejected a batch with {code:?} ({message}): a bug or a misconfiguration, not retrying"
     )]
     Permanent { code: tonic::Code, message: String },

@@ -6,12 +6,10 @@ use std::time::Duration;
 
 use kv_events::{Action, clear_action};
 use kv_index::{ActionKind, CacheSpec, Tier};
-use kv_indexer_proto::MAX_MESSAGE_BYTES;
+use kv_indexer_client::security::Grpc;
 use kv_indexer_proto::v1 as pb;
-use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
 use tracing::{info, warn};
 
 use super::BridgeError;
@@ -92,7 +90,7 @@ fn action(action: Action) -> pb::ExternalKvAction {
 }
 
 pub struct Sender {
-    client: KvIndexerClient<Channel>,
+    client: Grpc,
     identity: Identity,
     outbox: Arc<Outbox>,
     stats: Arc<Stats>,
@@ -106,19 +104,14 @@ impl Sender {
         outbox: Arc<Outbox>,
         stats: Arc<Stats>,
     ) -> Result<Sender, BridgeError> {
-        let endpoint = Endpoint::from_shared(config.endpoint.clone())
-            .map_err(|error| {
-                BridgeError::Config(format!(
-                    "KV_INDEXER_ENDPOINT {:?}: {error}",
-                    config.endpoint
-                ))
-            })?
+        let endpoint = config
+            .credentials
+            .endpoint(&config.endpoint)
+            .map_err(|error| BridgeError::Config(format!("KV_INDEXER_ENDPOINT: {error}")))?
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(CALL_DEADLINE)
             .tcp_nodelay(true);
-        let client = KvIndexerClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let client = config.credentials.client(endpoint.connect_lazy());
         Ok(Sender {
             client,
             identity: Identity {
@@ -192,7 +185,13 @@ impl Sender {
                     return Ok(true);
                 }
                 Err(status) => {
+                    let status = kv_indexer_client::client::transport_is_unavailable(status);
                     self.stats.rpc(status.code());
+                    if status.code() == Code::Unauthenticated {
+                        return Err(BridgeError::Unauthenticated {
+                            message: status.message().to_string(),
+                        });
+                    }
                     if is_permanent(status.code()) {
                         return Err(BridgeError::Permanent {
                             code: status.code(),
