@@ -133,12 +133,13 @@ def stop_all():
 
 
 class Fleet:
-    def __init__(self, args, logs, sim_extra=(), replay=True):
+    def __init__(self, args, logs, sim_extra=(), replay=True, server_extra=()):
         self.args, self.logs = args, logs
         base = args.base_port
         self.indexer_port = base
         self.endpoint = f"http://{HOST}:{base}"
-        self.server = Proc(logs, "server", [f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{base}"])
+        self.server = Proc(logs, "server", [f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{base}",
+                                            *server_extra])
         self.sims, self.bridges, self.urls, self.ids = [], [], [], []
         for i in range(args.workers):
             http_port, events, replay_port = base + 10 + i, base + 100 + i, base + 200 + i

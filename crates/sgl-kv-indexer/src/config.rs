@@ -14,6 +14,11 @@ pub struct Args {
     #[arg(long, env = "KV_INDEXER_LISTEN_ADDR", default_value = "[::1]:50051")]
     pub listen_addr: SocketAddr,
 
+    /// A second address, served by a thread of its own, for the bridges: their applies keep
+    /// their latency when queries saturate the main address's CPU (both serve every RPC).
+    #[arg(long, env = "KV_INDEXER_APPLY_LISTEN_ADDR")]
+    pub apply_listen_addr: Option<SocketAddr>,
+
     /// Prefix queries executing at once; one more is rejected with RESOURCE_EXHAUSTED.
     #[arg(
         long,
@@ -130,6 +135,7 @@ mod tests {
             "KV_INDEXER_LISTEN_ADDR",
             "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT",
             "KV_INDEXER_METRICS_ADDR",
+            "KV_INDEXER_APPLY_LISTEN_ADDR",
             "KV_INDEXER_TLS_CERT",
             "KV_INDEXER_TLS_KEY",
             "KV_INDEXER_TLS_CLIENT_CA",

@@ -4,7 +4,8 @@
 //! Connections are served with hyper directly rather than `tonic::transport::Server`, because
 //! tonic's server enforces `grpc-timeout` itself and answers CANCELLED, where the contract wants
 //! DEADLINE_EXCEEDED from our own check (`deadline`). The accept loop stamps each request's
-//! arrival for that check, and checks the caller's token (`access`) before a body is read.
+//! arrival for that check, checks the caller's token (`access`) before a body is read, and
+//! admits prefix queries as their head arrives (see `service`).
 //! With TLS, each connection's handshake runs in that connection's task, bounded by
 //! [`TLS_HANDSHAKE_TIMEOUT`], so a slow or hostile client cannot stall the accept loop.
 
@@ -20,6 +21,7 @@ use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tonic::Status;
 use tonic::service::Routes;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
@@ -31,6 +33,8 @@ use crate::service::{IndexerService, Shared};
 
 /// HTTP/2 streams allowed at once on one connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 64;
+/// The path of `MatchExternalKvPrefix`, the one RPC under admission control.
+const PREFIX_PATH: &str = "/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix";
 /// How long a client may take over the TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -55,7 +59,7 @@ pub async fn serve(
     let addr = listener
         .local_addr()
         .context("reading the listen address")?;
-    let routes = routes(shared).await?;
+    let routes = routes(shared.clone()).await?;
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let graceful = GracefulShutdown::new();
@@ -84,18 +88,30 @@ pub async fn serve(
         let routes = routes.clone();
         let tokens = tokens.clone();
         let refused = refused.clone();
+        let shared = shared.clone();
         let service = tower::service_fn(move |mut request: http::Request<Incoming>| {
             let arrival = Instant::now();
-            let checked = tokens.check(request.uri().path(), request.headers());
+            let path = request.uri().path();
+            let checked = match tokens.check(path, request.headers()) {
+                Err(status) => {
+                    if let Some(total) = refused.record() {
+                        warn!(total, %peer, message = status.message(), "refused a call without the right token");
+                    }
+                    Err(status)
+                }
+                Ok(()) if path == PREFIX_PATH => shared
+                    .admit()
+                    .map(|admitted| {
+                        request.extensions_mut().insert(admitted);
+                    })
+                    .map_err(Status::from),
+                Ok(()) => Ok(()),
+            };
             let routes = routes.clone();
-            let refused = refused.clone();
             async move {
                 if let Err(status) = checked {
                     let rpc = access::method_label(request.uri().path());
                     crate::observe::request(rpc, status.code(), arrival.elapsed());
-                    if let Some(total) = refused.record() {
-                        warn!(total, %peer, message = status.message(), "refused a call without the right token");
-                    }
                     return Ok(status.into_http());
                 }
                 request.extensions_mut().insert(Arrival(arrival));
@@ -130,6 +146,30 @@ pub async fn serve(
     graceful.shutdown().await;
     info!("kv-indexer-server stopped");
     Ok(())
+}
+
+/// Serves `listener` on a thread of its own (a single-threaded runtime) until `stop` is
+/// cancelled: the bridges' address, so that the OS schedules their applies next to the
+/// query-serving threads rather than behind their queues.
+pub fn serve_on_own_thread(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    access: Access,
+    stop: tokio_util::sync::CancellationToken,
+) -> std::io::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("kv-indexer-apply".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener =
+                    TcpListener::from_std(listener).context("registering the apply listener")?;
+                serve(listener, shared, access, stop.cancelled_owned()).await
+            })
+        })
 }
 
 /// Serves one accepted connection (plain or TLS) until it ends or the server drains.

@@ -1,5 +1,11 @@
 //! The `KVIndexer` gRPC service on a shared [`Index`].
 //!
+//! Admission: a prefix query takes its permit when its request head arrives (the accept loop
+//! calls [`Shared::admit`] and hands the permit over in an [`Admission`] extension), and holds
+//! it until its answer is made. So the bound covers the whole stay in the server, queueing for
+//! a CPU included: under CPU overload the surplus is refused at once instead of piling up in
+//! the runtime, and applies, which take no permit, keep their latency.
+//!
 //! Locking: one `parking_lot::RwLock` around the index. Applies take the write lock (one apply
 //! is atomic); queries take the read lock (one query sees one state). Nothing that may wait
 //! long runs on the async worker threads:
@@ -81,7 +87,11 @@ impl Shared {
     }
 
     /// Takes an admission permit, or rejects at once (never queues).
-    fn admit(&self) -> Result<OwnedSemaphorePermit, ServerError> {
+    pub fn admit(&self) -> Result<Admission, ServerError> {
+        self.try_admit().map(|permit| Admission(Arc::new(permit)))
+    }
+
+    fn try_admit(&self) -> Result<OwnedSemaphorePermit, ServerError> {
         self.admission.clone().try_acquire_owned().map_err(|_| {
             if let Some(total) = self.rejected.record() {
                 warn!(
@@ -127,6 +137,10 @@ impl Shared {
     }
 }
 
+/// A prefix query's admission permit, taken when its request arrived; released when dropped.
+#[derive(Debug, Clone)]
+pub struct Admission(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+
 /// The gRPC service; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct IndexerService {
@@ -157,16 +171,21 @@ impl IndexerService {
 
     async fn match_prefix(
         &self,
-        request: Request<pb::MatchExternalKvPrefixRequest>,
+        mut request: Request<pb::MatchExternalKvPrefixRequest>,
     ) -> Result<pb::MatchExternalKvPrefixResponse, ServerError> {
+        let admitted = request.extensions_mut().remove::<Admission>();
         let arrival = request
             .extensions()
             .get::<Arrival>()
             .map_or_else(Instant::now, |a| a.0);
         let deadline = deadline(request.metadata(), arrival);
         let shared = &self.shared;
+        // Admitted on arrival by the accept loop; called any other way, admitted here.
+        let permit = match admitted {
+            Some(permit) => permit,
+            None => shared.admit()?,
+        };
         shared.check_deadline(deadline)?;
-        let permit = shared.admit()?;
         let request = request.into_inner();
         validate_prefix(&request.hashes)?;
         if request.hashes.len() <= INLINE_PREFIX_HASHES {

@@ -373,6 +373,41 @@ async fn long_scan_setup(client: &mut KvIndexerClient<Channel>, blocks: i64) -> 
     (0..blocks).collect()
 }
 
+/// The index's write lock, held on a thread of its own until released.
+struct HeldIndex {
+    release: std::sync::mpsc::Sender<()>,
+    holder: std::thread::JoinHandle<()>,
+}
+
+impl HeldIndex {
+    fn hold(shared: &Arc<Shared>) -> HeldIndex {
+        let (locked, wait_locked) = std::sync::mpsc::channel();
+        let (release, wait_release) = std::sync::mpsc::channel::<()>();
+        let shared = shared.clone();
+        let holder = std::thread::spawn(move || {
+            let _index = shared.lock_index();
+            locked.send(()).unwrap();
+            let _ = wait_release.recv();
+        });
+        wait_locked.recv().unwrap();
+        HeldIndex { release, holder }
+    }
+
+    fn release(self) {
+        self.release.send(()).unwrap();
+        self.holder.join().unwrap();
+    }
+}
+
+/// Waits (up to 20 s) for `done`, naming `what` on failure.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(20), "{what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 #[tokio::test]
 async fn rejects_the_query_over_the_inflight_bound_at_once() {
     let server = TestServer::start(Config {
@@ -384,15 +419,7 @@ async fn rejects_the_query_over_the_inflight_bound_at_once() {
     let hashes = long_scan_setup(&mut client, 5_000).await;
 
     // Hold the index so that admitted queries stay in flight.
-    let (locked, wait_locked) = std::sync::mpsc::channel();
-    let (release, wait_release) = std::sync::mpsc::channel::<()>();
-    let shared = server.shared.clone();
-    let holder = std::thread::spawn(move || {
-        let _index = shared.lock_index();
-        locked.send(()).unwrap();
-        let _ = wait_release.recv();
-    });
-    wait_locked.recv().unwrap();
+    let held = HeldIndex::hold(&server.shared);
     let mut admitted = Vec::new();
     for _ in 0..2 {
         let mut client = server.client();
@@ -401,22 +428,17 @@ async fn rejects_the_query_over_the_inflight_bound_at_once() {
             client.match_external_kv_prefix(prefix(hashes)).await
         }));
     }
-    let start = std::time::Instant::now();
-    while server.shared.prefix_queries_in_flight() < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the two queries were never admitted"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    eventually("the two queries were never admitted", || {
+        server.shared.prefix_queries_in_flight() == 2
+    })
+    .await;
     let third = tokio::time::timeout(
         Duration::from_secs(10),
         client.match_external_kv_prefix(prefix(hashes.clone())),
     )
     .await
     .expect("the query over the bound was queued instead of rejected at once");
-    release.send(()).unwrap();
-    holder.join().unwrap();
+    held.release();
 
     let status = third.expect_err("the query over the bound must be rejected");
     assert_eq!(
@@ -497,6 +519,69 @@ async fn keeps_applying_while_queries_are_shed() {
     }
     assert_eq!(server.shared.index_stats().placements, 50);
     assert_eq!(server.shared.shed_and_rejected().0, 50);
+}
+
+/// A flood of long queries against an admission bound of 2 while applies arrive: the two
+/// admitted queries are answered, every other one is refused while the index is still busy
+/// (never queued), and every apply is applied.
+#[tokio::test]
+async fn a_query_flood_refuses_the_surplus_and_never_an_apply() {
+    let server = TestServer::start(Config {
+        prefix_query_max_inflight: 2,
+    })
+    .await;
+    let mut client = server.client();
+    let hashes = long_scan_setup(&mut client, 5_000).await;
+    let held = HeldIndex::hold(&server.shared);
+    let mut queries = Vec::new();
+    for _ in 0..40 {
+        let mut client = server.client();
+        let hashes = hashes.clone();
+        queries.push(tokio::spawn(async move {
+            client.match_external_kv_prefix(prefix(hashes)).await
+        }));
+    }
+    let mut applies = Vec::new();
+    for round in 0..10i64 {
+        let mut client = server.client();
+        applies.push(tokio::spawn(async move {
+            client
+                .apply_external_kv_batch(apply(
+                    "b",
+                    vec![action(REPORT, HBM, vec![1_000_000 + round])],
+                ))
+                .await
+        }));
+    }
+    // While the index is held, 2 queries wait inside and all 38 others are already refused.
+    eventually("the surplus queries were not all refused", || {
+        server.shared.shed_and_rejected().1 == 38
+    })
+    .await;
+    assert_eq!(server.shared.prefix_queries_in_flight(), 2);
+    held.release();
+
+    let (mut answered, mut refused) = (0, 0);
+    for query in queries {
+        match query.await.unwrap() {
+            Ok(answer) => {
+                assert_eq!(answer.into_inner().best_prefix_blocks, 5_000);
+                answered += 1;
+            }
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((answered, refused), (2, 38));
+    for apply in applies {
+        apply
+            .await
+            .unwrap()
+            .expect("an apply must never be refused");
+    }
+    assert_eq!(server.shared.index_stats().placements, 5_010);
 }
 
 #[tokio::test]
@@ -607,4 +692,42 @@ async fn answers_health_and_reflection() {
         names.contains(&"grpc.health.v1.Health".to_string()),
         "{names:?}"
     );
+}
+
+/// The bridges' listener (`KV_INDEXER_APPLY_LISTEN_ADDR`) on its own thread shares the index
+/// with the main one, and stops with its token.
+#[tokio::test]
+async fn a_second_listener_on_its_own_thread_serves_the_same_index() {
+    let server = TestServer::start(Config::default()).await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let thread = server::serve_on_own_thread(
+        listener,
+        server.shared.clone(),
+        sgl_kv_indexer::access::Access::default(),
+        stop.clone(),
+    )
+    .unwrap();
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    KvIndexerClient::new(channel)
+        .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, vec![7, 8])]))
+        .await
+        .unwrap();
+    let answer = server
+        .client()
+        .match_external_kv_prefix(prefix(vec![7, 8]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.best_prefix_blocks, 2);
+    stop.cancel();
+    tokio::task::spawn_blocking(move || thread.join().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
 }

@@ -8,6 +8,11 @@
 //! in flight, while `--ingest-ops` block-ops/s of REPORT/REVOKE churn (by other workers) go on.
 //! `--background-scan-blocks` keeps one huge prefix scan running to show what it does to the
 //! small queries.
+//!
+//! Overload: with `--concurrency` far above the server's admission bound and `--qps` above its
+//! capacity, the report splits latency by outcome (answered, RESOURCE_EXHAUSTED, …), so it shows
+//! how fast surplus queries are turned away and what p99 the admitted ones keep; the churn's
+//! applies are counted by status code (an apply must never be refused).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,6 +62,10 @@ struct Args {
     /// REPORT/REVOKE block-ops per second applied while querying (0 = none).
     #[arg(long, default_value_t = 0)]
     ingest_ops: u64,
+    /// Where the churn's applies go (default: --endpoint), e.g. the server's
+    /// KV_INDEXER_APPLY_LISTEN_ADDR.
+    #[arg(long)]
+    ingest_endpoint: Option<String>,
     /// Hashes per churn apply.
     #[arg(long, default_value_t = 4096)]
     ingest_batch: usize,
@@ -128,11 +137,16 @@ fn prompts(args: &Args, rng: &mut StdRng) -> Vec<Arc<Vec<i64>>> {
 
 #[derive(Default)]
 struct Tally {
-    latencies_us: Vec<u64>,
-    ok: u64,
-    codes: std::collections::BTreeMap<String, u64>,
+    /// Latency in µs by outcome: "OK" or the status code.
+    latencies_us: std::collections::BTreeMap<String, Vec<u64>>,
     best_prefix_sum: u64,
     blocks_read_sum: u64,
+}
+
+impl Tally {
+    fn ok(&self) -> u64 {
+        self.latencies_us.get("OK").map_or(0, |l| l.len() as u64)
+    }
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -194,7 +208,15 @@ async fn main() -> anyhow::Result<()> {
     let mut background = JoinSet::new();
     let ingested = Arc::new(AtomicU64::new(0));
     if args.ingest_ops > 0 {
-        let mut client = client(&channels[0]);
+        // A connection of its own, as a bridge has: applies never wait behind queries here.
+        let address = args.ingest_endpoint.as_ref().unwrap_or(&args.endpoint);
+        let own = Endpoint::from_shared(address.clone())
+            .with_context(|| format!("--ingest-endpoint {address}"))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {address}"))?;
+        let mut client = client(&own);
         let (stop, ingested, batch, ops) = (
             stop.clone(),
             ingested.clone(),
@@ -208,25 +230,30 @@ async fn main() -> anyhow::Result<()> {
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             let mut next: i64 = i64::MIN;
             let mut latencies = Vec::new();
+            let mut refused = std::collections::BTreeMap::<String, u64>::new();
             while !stop.load(Ordering::Relaxed) {
                 ticker.tick().await;
                 let hashes: Vec<i64> = (next..next + batch as i64).collect();
                 next += batch as i64;
                 let worker = format!("churn-{}", next % 16);
-                let start = Instant::now();
-                client
-                    .apply_external_kv_batch(report(worker.clone(), hashes.clone()))
-                    .await?;
-                client
-                    .apply_external_kv_batch(apply(
-                        worker,
-                        pb::ExternalKvActionType::ActionRevoke,
-                        hashes,
-                    ))
-                    .await?;
-                latencies.push(start.elapsed().as_micros() as u64 / 2);
-                ingested.fetch_add(2 * batch as u64, Ordering::Relaxed);
+                for request in [
+                    report(worker.clone(), hashes.clone()),
+                    apply(worker, pb::ExternalKvActionType::ActionRevoke, hashes),
+                ] {
+                    let start = Instant::now();
+                    let result = client.apply_external_kv_batch(request).await;
+                    latencies.push(start.elapsed().as_micros() as u64);
+                    match result {
+                        Ok(_) => {
+                            ingested.fetch_add(batch as u64, Ordering::Relaxed);
+                        }
+                        Err(status) => {
+                            *refused.entry(format!("{:?}", status.code())).or_default() += 1;
+                        }
+                    }
+                }
             }
+            println!("applies refused, by code: {refused:?}");
             Ok::<_, anyhow::Error>(("apply (REPORT or REVOKE)", latencies))
         });
     }
@@ -280,21 +307,17 @@ async fn main() -> anyhow::Result<()> {
                 request.set_timeout(timeout);
                 let sent = Instant::now();
                 let result = client.match_external_kv_prefix(request).await;
-                tally.latencies_us.push(sent.elapsed().as_micros() as u64);
-                match result {
+                let latency = sent.elapsed().as_micros() as u64;
+                let outcome = match result {
                     Ok(answer) => {
                         let answer = answer.into_inner();
-                        tally.ok += 1;
                         tally.best_prefix_sum += u64::from(answer.best_prefix_blocks);
                         tally.blocks_read_sum += u64::from(answer.blocks_read);
+                        "OK".to_string()
                     }
-                    Err(status) => {
-                        *tally
-                            .codes
-                            .entry(format!("{:?}", status.code()))
-                            .or_default() += 1
-                    }
-                }
+                    Err(status) => format!("{:?}", status.code()),
+                };
+                tally.latencies_us.entry(outcome).or_default().push(latency);
             }
             tally
         });
@@ -302,35 +325,40 @@ async fn main() -> anyhow::Result<()> {
     let mut total = Tally::default();
     while let Some(tally) = queriers.join_next().await {
         let tally = tally?;
-        total.latencies_us.extend(tally.latencies_us);
-        total.ok += tally.ok;
         total.best_prefix_sum += tally.best_prefix_sum;
         total.blocks_read_sum += tally.blocks_read_sum;
-        for (code, n) in tally.codes {
-            *total.codes.entry(code).or_default() += n;
+        for (outcome, latencies) in tally.latencies_us {
+            total
+                .latencies_us
+                .entry(outcome)
+                .or_default()
+                .extend(latencies);
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
 
-    total.latencies_us.sort_unstable();
-    let l = &total.latencies_us;
+    let sent: usize = total.latencies_us.values().map(Vec::len).sum();
     println!(
-        "prefix queries: {} sent, {} ok, {:.0} ok/s; rejected {:?}",
-        l.len(),
-        total.ok,
-        total.ok as f64 / elapsed,
-        total.codes
+        "prefix queries: {sent} sent ({:.0}/s), {} ok ({:.0} ok/s); mean best prefix {:.0} blocks, mean blocks_read {:.0}",
+        sent as f64 / elapsed,
+        total.ok(),
+        total.ok() as f64 / elapsed,
+        total.best_prefix_sum as f64 / total.ok().max(1) as f64,
+        total.blocks_read_sum as f64 / total.ok().max(1) as f64
     );
-    println!(
-        "latency µs: p50 {} p99 {} p999 {} max {}; mean best prefix {:.0} blocks, mean blocks_read {:.0}",
-        percentile(l, 50.0),
-        percentile(l, 99.0),
-        percentile(l, 99.9),
-        l.last().copied().unwrap_or(0),
-        total.best_prefix_sum as f64 / total.ok.max(1) as f64,
-        total.blocks_read_sum as f64 / total.ok.max(1) as f64
-    );
+    for (outcome, latencies) in &mut total.latencies_us {
+        latencies.sort_unstable();
+        println!(
+            "  {outcome:>17}: {:>8} ({:5.1}%)  latency µs p50 {} p99 {} p999 {} max {}",
+            latencies.len(),
+            100.0 * latencies.len() as f64 / sent.max(1) as f64,
+            percentile(latencies, 50.0),
+            percentile(latencies, 99.0),
+            percentile(latencies, 99.9),
+            latencies.last().copied().unwrap_or(0)
+        );
+    }
     if args.ingest_ops > 0 {
         println!(
             "ingest: {:.2} M block-ops/s achieved (target {:.2} M)",

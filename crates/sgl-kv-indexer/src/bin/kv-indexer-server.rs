@@ -20,8 +20,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let config = Config::from(&args);
     let access = Access::from_args(&args)?;
-    for warning in access.warnings(args.listen_addr) {
-        warn!("{warning}");
+    for addr in std::iter::once(args.listen_addr).chain(args.apply_listen_addr) {
+        for warning in access.warnings(addr) {
+            warn!("{warning}");
+        }
     }
     let listener = TcpListener::bind(args.listen_addr)
         .await
@@ -47,8 +49,26 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let shared = server::shared(&config);
+    let apply_thread = match args.apply_listen_addr {
+        None => None,
+        Some(addr) => {
+            let listener = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("binding KV_INDEXER_APPLY_LISTEN_ADDR {addr}"))?;
+            let thread =
+                server::serve_on_own_thread(listener, shared.clone(), access.clone(), stop.clone())
+                    .context("starting the apply listener's thread")?;
+            Some(thread)
+        }
+    };
     let result = server::serve(listener, shared, access, stop.clone().cancelled_owned()).await;
     stop.cancel();
+    if let Some(thread) = apply_thread {
+        match thread.join() {
+            Ok(Err(error)) => warn!(%error, "the apply listener failed"),
+            Err(_) => warn!("the apply listener's thread panicked"),
+            Ok(Ok(())) => {}
+        }
+    }
     while let Some(joined) = tasks.join_next().await {
         if let Ok(Err(error)) = joined {
             warn!(%error, "background task failed");

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Soak run: simulated workers churning their caches for minutes; the Indexer's memory and size
+must stay flat and, at the end, the index must equal the workers' own cache views.
+
+Starts the fleet of `fault_tests.py` (the Indexer, --workers simulated SGLang workers with small
+device and host caches so that steady traffic evicts on both tiers, one bridge each, replay on)
+and sends /generate traffic for --minutes. Every --sample-s it prints: elapsed time, requests
+so far, the server's and the bridges' resident memory (VmRSS), the index's placements and
+blocks (its Prometheus gauges) and the placements the workers hold (their /cache_view). At the
+end the traffic stops and the index is compared with the workers' views (over-claims must be 0;
+after a quiet period nothing is lost either, so under-claims should be 0 too).
+
+    scripts/soak.py [--minutes 5] [--workers 4] [--base-port 47800] [--no-build]
+
+Exit status 1 on an over-claim or when the server's memory in the last quarter of the run is
+more than --max-growth above the first quarter's.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fault_tests  # noqa: E402  (the fleet, the traffic and the comparison)
+from fault_tests import ROOT, Fleet, Traffic, settle, stop_all  # noqa: E402
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def gauges(metrics_url):
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    found = {}
+    for name in ("kv_indexer_placements", "kv_indexer_blocks", "kv_indexer_workers"):
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        found[name] = int(float(m.group(1))) if m else 0
+    return found
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--base-port", type=int, default=47800)
+    ap.add_argument("--sample-s", type=float, default=20.0)
+    ap.add_argument("--max-growth", type=float, default=0.10, help="allowed server RSS growth, first to last quarter")
+    ap.add_argument("--docs", type=int, default=64, help="shared documents (prefixes)")
+    ap.add_argument("--doc-tokens", type=int, default=512)
+    ap.add_argument("--suffix-tokens", type=int, default=64)
+    ap.add_argument("--capacity-tokens", type=int, default=8192, help="each worker's device cache")
+    ap.add_argument("--host-capacity-tokens", type=int, default=16384, help="each worker's host tier")
+    ap.add_argument("--stable-s", type=float, default=4.0)
+    ap.add_argument("--deadline-s", type=float, default=60.0)
+    ap.add_argument("--poll-s", type=float, default=0.5)
+    ap.add_argument("--down-s", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--no-build", action="store_true")
+    args = ap.parse_args()
+
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim"],
+                       cwd=ROOT, check=True)
+    logs = tempfile.mkdtemp(prefix="kv-soak-")
+    metrics_port = args.base_port + 1
+    metrics_url = f"http://{fault_tests.HOST}:{metrics_port}/metrics"
+    samples = []
+    try:
+        fleet = Fleet(args, logs, server_extra=("--metrics-addr", f"{fault_tests.HOST}:{metrics_port}"))
+        traffic = Traffic(args, args.seed)
+        stop, thread = traffic.background(fleet.urls)
+        start = time.time()
+        end = start + args.minutes * 60
+        print(f"{'t_s':>6} {'requests':>9} {'errors':>6} {'server_MiB':>10} {'bridges_MiB':>11} "
+              f"{'index_placements':>16} {'index_blocks':>12} {'worker_placements':>17}", flush=True)
+        while True:
+            time.sleep(min(args.sample_s, max(0.0, end - time.time())))
+            fleet.check_alive()
+            g = gauges(metrics_url)
+            held = sum(len(v) for v in fleet.worker_views().values())
+            row = dict(t=time.time() - start, requests=traffic.sent, errors=traffic.errors,
+                       server=rss_mib(fleet.server.popen.pid),
+                       bridges=sum(rss_mib(b.popen.pid) for b in fleet.bridges),
+                       placements=g["kv_indexer_placements"], blocks=g["kv_indexer_blocks"], held=held)
+            samples.append(row)
+            print(f"{row['t']:>6.0f} {row['requests']:>9} {row['errors']:>6} {row['server']:>10.1f} "
+                  f"{row['bridges']:>11.1f} {row['placements']:>16} {row['blocks']:>12} {row['held']:>17}",
+                  flush=True)
+            if time.time() >= end:
+                break
+        stop.set()
+        thread.join(timeout=30)
+        quiet = time.time()
+        result = settle(fleet, traffic, quiet, args)
+    finally:
+        stop_all()
+
+    quarter = max(1, len(samples) // 4)
+    first = max(s["server"] for s in samples[:quarter])
+    last = max(s["server"] for s in samples[-quarter:])
+    growth = (last - first) / first if first else 0.0
+    print()
+    print(f"requests {traffic.sent} ({traffic.errors} errors) over {args.minutes:g} min, {args.workers} workers")
+    print(f"server RSS: first quarter max {first:.1f} MiB, last quarter max {last:.1f} MiB ({growth:+.1%})")
+    print(f"index placements: min {min(s['placements'] for s in samples)}, "
+          f"max {max(s['placements'] for s in samples)}; workers hold at most "
+          f"{max(s['held'] for s in samples)}")
+    print(f"at the end: expected {result['expected']}, held {result['held']}, over-claimed {result['over']}, "
+          f"under-claimed {result['under']}, converged {result['converge']:.2f} s after traffic stopped"
+          + ("" if result["settled"] else " (DEADLINE)"))
+    print(f"logs: {logs}")
+    failed = result["over"] > 0 or growth > args.max_growth or not result["settled"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    finally:
+        stop_all()
