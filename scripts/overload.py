@@ -16,6 +16,10 @@ its own), as bridges should be deployed; --same-port sends them to the query por
 With two or more CPUs the server is pinned to CPU 0 and the load generator to CPU 1 (taskset),
 so that the generator's own work never takes the server's CPU.
 
+Latency is reported twice: as the generators see it (which includes their own queueing on a
+saturated CPU and tonic's buffering) and as the server records it from the arrival of each
+request's head to its answer (its Prometheus histogram; bucket bounds, so "p99 <= 5 ms").
+
 What must hold in phase 3: no apply refused (applies are never shed) and apply latency near
 phase 1; the surplus queries refused with RESOURCE_EXHAUSTED, in far less time than an answer
 takes; the admitted queries' p99 bounded (near phase 2); memory flat.
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target/release")
@@ -91,11 +96,44 @@ def loadgen(args, ingest, **flags):
     return subprocess.Popen(pinned(1, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def histograms(args):
+    """{(rpc, code): {le: cumulative count}} of the server's request latency (from a request's
+    arrival to its answer), scraped from its Prometheus endpoint."""
+    url = f"http://127.0.0.1:{args.port + 2}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    found = {}
+    for m in re.finditer(r'^kv_indexer_request_duration_seconds_bucket\{([^}]*)\} (\S+)$', text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
+        found.setdefault((labels["rpc"], labels["code"]), {})[le] = float(m.group(2))
+    return found
+
+
+def server_percentiles(before, after, key):
+    """(count, p50 bound, p99 bound) in ms of one (rpc, code) between two scrapes: the upper
+    bound of the bucket holding each percentile."""
+    b, a = before.get(key, {}), after.get(key, {})
+    les = sorted(a)
+    counts = [a[le] - b.get(le, 0.0) for le in les]
+    total = counts[-1] if counts else 0
+    if total <= 0:
+        return 0, None, None
+
+    def bound(p):
+        for le, c in zip(les, counts):
+            if c >= p * total:
+                return le * 1000
+        return float("inf")
+
+    return int(total), bound(0.5), bound(0.99)
+
+
 def run_phase(args, duration, **query_flags):
     """Queries with `query_flags` for `duration` s while the churn runs (a little longer, so
     that it covers the whole query run); both reports, merged."""
     churn = loadgen(args, True, qps=1, concurrency=1, connections=1, duration_secs=duration + 4)
     time.sleep(1)
+    before = histograms(args)
     queries = loadgen(args, False, duration_secs=duration, **query_flags)
     outputs = []
     for proc in (queries, churn):
@@ -103,7 +141,9 @@ def run_phase(args, duration, **query_flags):
         if proc.returncode != 0:
             raise RuntimeError(f"loadgen failed: {out}\n{err}")
         outputs.append(out)
+    after = histograms(args)
     r = parse(outputs[0])
+    r["server"] = {key: server_percentiles(before, after, key) for key in after}
     applies = parse(outputs[1])
     for key in ("refused", "applies", "apply_p50", "apply_p99", "apply_max", "ingest_m"):
         if key in applies:
@@ -156,6 +196,7 @@ def main():
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer"], cwd=ROOT, check=True)
     server = subprocess.Popen(pinned(0, [f"{BIN}/kv-indexer-server", "--listen-addr", f"127.0.0.1:{args.port}",
                                          "--apply-listen-addr", f"127.0.0.1:{args.port + 1}",
+                                         "--metrics-addr", f"127.0.0.1:{args.port + 2}",
                                          "--prefix-query-max-inflight", str(args.admission)]),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -211,7 +252,10 @@ def main():
               f"{min(rss, default=0):>7.0f}-{max(rss, default=0):<7.0f}")
         others = {k: v["n"] for k, v in r["outcomes"].items() if k not in ("OK", "ResourceExhausted")}
         if others:
-            print(f"          other query outcomes: {others}")
+            print(f"          other query outcomes at the client: {others}")
+        seen = ", ".join(f"{rpc} {code} {n} (p50 <= {p50:g} ms, p99 <= {p99:g} ms)"
+                         for (rpc, code), (n, p50, p99) in sorted(r["server"].items()) if n)
+        print(f"          at the server, arrival to answer: {seen}")
     over = phases["overload"]
     failed = over["refused"] != "{}" or phases["applies"]["refused"] != "{}"
     print("applies refused under overload: " + ("NONE" if not failed else over["refused"]))

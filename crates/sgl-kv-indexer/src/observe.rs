@@ -18,6 +18,7 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0,
 ];
 
+/// One answered call; `elapsed` runs from the arrival of its request head to its answer.
 pub fn request(rpc: &'static str, code: tonic::Code, elapsed: Duration) {
     let code = format!("{code:?}");
     metrics::counter!("kv_indexer_requests_total", "rpc" => rpc, "code" => code.clone())

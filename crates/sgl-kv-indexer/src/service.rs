@@ -174,11 +174,7 @@ impl IndexerService {
         mut request: Request<pb::MatchExternalKvPrefixRequest>,
     ) -> Result<pb::MatchExternalKvPrefixResponse, ServerError> {
         let admitted = request.extensions_mut().remove::<Admission>();
-        let arrival = request
-            .extensions()
-            .get::<Arrival>()
-            .map_or_else(Instant::now, |a| a.0);
-        let deadline = deadline(request.metadata(), arrival);
+        let deadline = deadline(request.metadata(), arrival(&request));
         let shared = &self.shared;
         // Admitted on arrival by the accept loop; called any other way, admitted here.
         let permit = match admitted {
@@ -244,7 +240,16 @@ impl IndexerService {
     }
 }
 
-/// Records the outcome of one RPC and turns it into tonic's result.
+/// When the request's head arrived (stamped by the accept loop; now when called otherwise): the
+/// start of its deadline and of its latency in the metrics.
+fn arrival<T>(request: &Request<T>) -> Instant {
+    request
+        .extensions()
+        .get::<Arrival>()
+        .map_or_else(Instant::now, |a| a.0)
+}
+
+/// Records the outcome of one RPC (latency from its arrival) and turns it into tonic's result.
 fn finish<T>(
     rpc: &'static str,
     start: Instant,
@@ -264,7 +269,7 @@ impl KvIndexer for IndexerService {
         &self,
         request: Request<pb::ApplyExternalKvBatchRequest>,
     ) -> Result<Response<pb::ApplyExternalKvBatchResponse>, Status> {
-        let start = Instant::now();
+        let start = arrival(&request);
         let result = self.apply(request.into_inner()).await;
         finish("ApplyExternalKvBatch", start, result)
     }
@@ -273,7 +278,7 @@ impl KvIndexer for IndexerService {
         &self,
         request: Request<pb::MatchExternalKvRequest>,
     ) -> Result<Response<pb::MatchExternalKvResponse>, Status> {
-        let start = Instant::now();
+        let start = arrival(&request);
         let result = self.match_kv(request.into_inner()).await;
         finish("MatchExternalKv", start, result)
     }
@@ -282,7 +287,7 @@ impl KvIndexer for IndexerService {
         &self,
         request: Request<pb::MatchExternalKvPrefixRequest>,
     ) -> Result<Response<pb::MatchExternalKvPrefixResponse>, Status> {
-        let start = Instant::now();
+        let start = arrival(&request);
         let result = self.match_prefix(request).await;
         finish("MatchExternalKvPrefix", start, result)
     }
@@ -291,7 +296,7 @@ impl KvIndexer for IndexerService {
         &self,
         request: Request<pb::GetExternalKvHitCountsRequest>,
     ) -> Result<Response<pb::GetExternalKvHitCountsResponse>, Status> {
-        let start = Instant::now();
+        let start = arrival(&request);
         let result = self.hit_counts(request.into_inner());
         finish("GetExternalKvHitCounts", start, result)
     }
