@@ -408,6 +408,25 @@ async fn eventually(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// `count` prefix queries of `hashes` at once, each on a client of its own.
+fn spawn_prefix_queries(
+    server: &TestServer,
+    count: usize,
+    hashes: &[i64],
+) -> Vec<
+    tokio::task::JoinHandle<
+        Result<tonic::Response<pb::MatchExternalKvPrefixResponse>, tonic::Status>,
+    >,
+> {
+    (0..count)
+        .map(|_| {
+            let mut client = server.client();
+            let request = prefix(hashes.to_vec());
+            tokio::spawn(async move { client.match_external_kv_prefix(request).await })
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn rejects_the_query_over_the_inflight_bound_at_once() {
     let server = TestServer::start(Config {
@@ -420,14 +439,7 @@ async fn rejects_the_query_over_the_inflight_bound_at_once() {
 
     // Hold the index so that admitted queries stay in flight.
     let held = HeldIndex::hold(&server.shared);
-    let mut admitted = Vec::new();
-    for _ in 0..2 {
-        let mut client = server.client();
-        let hashes = hashes.clone();
-        admitted.push(tokio::spawn(async move {
-            client.match_external_kv_prefix(prefix(hashes)).await
-        }));
-    }
+    let admitted = spawn_prefix_queries(&server, 2, &hashes);
     eventually("the two queries were never admitted", || {
         server.shared.prefix_queries_in_flight() == 2
     })
@@ -533,14 +545,7 @@ async fn a_query_flood_refuses_the_surplus_and_never_an_apply() {
     let mut client = server.client();
     let hashes = long_scan_setup(&mut client, 5_000).await;
     let held = HeldIndex::hold(&server.shared);
-    let mut queries = Vec::new();
-    for _ in 0..40 {
-        let mut client = server.client();
-        let hashes = hashes.clone();
-        queries.push(tokio::spawn(async move {
-            client.match_external_kv_prefix(prefix(hashes)).await
-        }));
-    }
+    let queries = spawn_prefix_queries(&server, 40, &hashes);
     let mut applies = Vec::new();
     for round in 0..10i64 {
         let mut client = server.client();
