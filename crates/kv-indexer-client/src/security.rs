@@ -6,7 +6,9 @@
 //! missing file, a file without a PEM certificate or key, a key without its certificate, TLS
 //! options for a plain `http://` endpoint, a token that cannot be a header value.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
@@ -60,7 +62,39 @@ pub struct ClientSecurity {
             hide_env_values = true
         )
     )]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
+}
+
+/// A token or other secret setting: its `Debug` shows nothing, so that no `{:?}` of a
+/// configuration can log it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that sends or checks it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(value: &str) -> Result<Secret, Self::Err> {
+        Ok(Secret(value.to_string()))
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Secret {
+        Secret(value.to_string())
+    }
 }
 
 /// A client security setting that cannot work, naming it.
@@ -112,8 +146,18 @@ pub struct Credentials {
 }
 
 /// Adds `authorization: Bearer <token>` to every call when a token is set.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Authorize(Option<AsciiMetadataValue>);
+
+impl fmt::Debug for Authorize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Authorize(Bearer …)"
+        } else {
+            "Authorize(none)"
+        })
+    }
+}
 
 impl Interceptor for Authorize {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
@@ -135,12 +179,15 @@ impl ClientSecurity {
         let authorization = match &self.token {
             None => Authorize(None),
             Some(token) => {
+                let token = token.expose();
                 let visible = !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic());
-                let value = format!("Bearer {token}")
+                let mut value: AsciiMetadataValue = format!("Bearer {token}")
                     .parse()
                     .ok()
                     .filter(|_| visible)
                     .ok_or(SecurityError::BadToken)?;
+                // Never indexed by HPACK, and shown redacted.
+                value.set_sensitive(true);
                 Authorize(Some(value))
             }
         };
@@ -269,6 +316,18 @@ mod tests {
                 ..ClientSecurity::default()
             };
             assert!(error(&security).contains("token"), "{token:?}");
+        }
+    }
+
+    #[test]
+    fn never_shows_the_token_in_debug_output() {
+        let security = ClientSecurity {
+            token: Some("s3cret-token".into()),
+            ..ClientSecurity::default()
+        };
+        let credentials = security.load().unwrap();
+        for shown in [format!("{security:?}"), format!("{credentials:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
         }
     }
 

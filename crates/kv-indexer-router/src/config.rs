@@ -181,7 +181,13 @@ mod tests {
             c.indexer_security.tls_domain.as_deref(),
             Some("indexer.internal")
         );
-        assert_eq!(c.indexer_security.token.as_deref(), Some("r-secret"));
+        assert_eq!(
+            c.indexer_security
+                .token
+                .as_ref()
+                .map(kv_indexer_client::security::Secret::expose),
+            Some("r-secret")
+        );
         let error = config(&[
             "--worker-urls",
             "http://a:1",

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use http::HeaderMap;
-use kv_indexer_client::security::read_pem;
+use kv_indexer_client::security::{Secret, read_pem};
+use sha2::{Digest, Sha256};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -62,9 +63,10 @@ pub fn method_label(path: &str) -> &'static str {
         .unwrap_or("unknown")
 }
 
-/// One token, held as the whole `authorization` value it must match.
+/// One token, held as the SHA-256 digest of the whole `authorization` value it must match:
+/// comparing digests tells nothing about where a wrong value differs, nor its length.
 #[derive(Clone)]
-struct Token(Vec<u8>);
+struct Token([u8; 32]);
 
 impl Token {
     fn new(setting: &str, token: &str) -> anyhow::Result<Token> {
@@ -72,17 +74,11 @@ impl Token {
             !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic()),
             "{setting} must be visible ASCII without spaces"
         );
-        Ok(Token(format!("Bearer {token}").into_bytes()))
+        Ok(Token(Sha256::digest(format!("Bearer {token}")).into()))
     }
 
-    /// Compares in time independent of where the first difference is.
     fn matches(&self, given: &[u8]) -> bool {
-        given.len() == self.0.len()
-            && given
-                .iter()
-                .zip(&self.0)
-                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-                == 0
+        <[u8; 32]>::from(Sha256::digest(given)) == self.0
     }
 }
 
@@ -166,7 +162,10 @@ impl std::fmt::Debug for Access {
 impl Access {
     /// Reads the certificate files and tokens the settings name.
     pub fn from_args(args: &Args) -> anyhow::Result<Access> {
-        let tokens = Tokens::new(args.write_token.as_deref(), args.read_token.as_deref())?;
+        let tokens = Tokens::new(
+            args.write_token.as_ref().map(Secret::expose),
+            args.read_token.as_ref().map(Secret::expose),
+        )?;
         let tls = match (&args.tls_cert, &args.tls_key) {
             (None, None) => {
                 anyhow::ensure!(

@@ -5,6 +5,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::Parser;
+use kv_indexer_client::security::Secret;
 
 /// The KV-cache Indexer gRPC server.
 #[derive(Debug, Clone, Parser)]
@@ -46,11 +47,11 @@ pub struct Args {
 
     /// Bearer token ApplyExternalKvBatch must carry (applies are open when unset).
     #[arg(long, env = "KV_INDEXER_WRITE_TOKEN", hide_env_values = true)]
-    pub write_token: Option<String>,
+    pub write_token: Option<Secret>,
 
     /// Bearer token the queries must carry, the write token also accepted (open when unset).
     #[arg(long, env = "KV_INDEXER_READ_TOKEN", hide_env_values = true)]
-    pub read_token: Option<String>,
+    pub read_token: Option<Secret>,
 }
 
 /// The validated settings the service runs with.

@@ -35,6 +35,10 @@ use crate::service::{IndexerService, Shared};
 pub const MAX_CONCURRENT_STREAMS: u32 = 64;
 /// The path of `MatchExternalKvPrefix`, the one RPC under admission control.
 const PREFIX_PATH: &str = "/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix";
+/// The longest an admitted prefix query may stay, from its head's arrival to its answer, when
+/// its `grpc-timeout` asks for no less: generous for the largest query (8 MiB, a scan of a
+/// million blocks), short enough that a slow upload cannot keep a permit.
+pub const PREFIX_QUERY_MAX_TIME: Duration = Duration::from_secs(10);
 /// How long a client may take over the TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -92,6 +96,9 @@ pub async fn serve(
         let service = tower::service_fn(move |mut request: http::Request<Incoming>| {
             let arrival = Instant::now();
             let path = request.uri().path();
+            // An admitted query's whole stay, body upload included, is bounded, so that a
+            // client cannot hold a permit by sending its body slowly.
+            let bound = (path == PREFIX_PATH).then(|| admitted_budget(request.headers()));
             let checked = match tokens.check(path, request.headers()) {
                 Err(status) => {
                     if let Some(total) = refused.record() {
@@ -108,6 +115,7 @@ pub async fn serve(
                 Ok(()) => Ok(()),
             };
             let routes = routes.clone();
+            let shared = shared.clone();
             async move {
                 if let Err(status) = checked {
                     let rpc = access::method_label(request.uri().path());
@@ -115,7 +123,24 @@ pub async fn serve(
                     return Ok(status.into_http());
                 }
                 request.extensions_mut().insert(Arrival(arrival));
-                routes.oneshot(request).await
+                let Some(bound) = bound else {
+                    return routes.oneshot(request).await;
+                };
+                match tokio::time::timeout(bound, routes.oneshot(request)).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        shared.record_shed();
+                        let status = Status::deadline_exceeded(format!(
+                            "no answer within {bound:?} of the request's arrival (its deadline, at most {PREFIX_QUERY_MAX_TIME:?})"
+                        ));
+                        crate::observe::request(
+                            access::method_label(PREFIX_PATH),
+                            status.code(),
+                            arrival.elapsed(),
+                        );
+                        Ok(status.into_http())
+                    }
+                }
             }
         });
         let service = TowerToHyperService::new(service);
@@ -146,6 +171,18 @@ pub async fn serve(
     graceful.shutdown().await;
     info!("kv-indexer-server stopped");
     Ok(())
+}
+
+/// How long an admitted prefix query may stay: its `grpc-timeout`, at most
+/// [`PREFIX_QUERY_MAX_TIME`].
+fn admitted_budget(headers: &http::HeaderMap) -> Duration {
+    headers
+        .get("grpc-timeout")
+        .and_then(|value| value.to_str().ok())
+        .and_then(crate::deadline::parse_grpc_timeout)
+        .map_or(PREFIX_QUERY_MAX_TIME, |timeout| {
+            timeout.min(PREFIX_QUERY_MAX_TIME)
+        })
 }
 
 /// Serves `listener` on a thread of its own (a single-threaded runtime) until `stop` is

@@ -105,6 +105,14 @@ impl Shared {
         })
     }
 
+    /// Counts (and now and then logs) a prefix query shed for its deadline.
+    pub fn record_shed(&self) {
+        if let Some(total) = self.shed.record() {
+            info!(total, "shedding prefix queries whose deadline is spent");
+        }
+        observe::rejection("deadline");
+    }
+
     /// Fails when the client's budget is already spent.
     fn check_deadline(&self, deadline: Option<Instant>) -> Result<(), ServerError> {
         let Some(deadline) = deadline else {
@@ -114,13 +122,7 @@ impl Shared {
         if now < deadline {
             return Ok(());
         }
-        if let Some(total) = self.shed.record() {
-            info!(
-                total,
-                "shedding prefix queries whose deadline is already spent"
-            );
-        }
-        observe::rejection("deadline");
+        self.record_shed();
         Err(ServerError::DeadlineSpent {
             late_by_us: (now - deadline).as_micros(),
         })

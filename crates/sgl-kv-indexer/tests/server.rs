@@ -736,3 +736,75 @@ async fn a_second_listener_on_its_own_thread_serves_the_same_index() {
         .unwrap()
         .unwrap();
 }
+
+/// A request body that never arrives.
+struct NeverEnds;
+
+impl hyper::body::Body for NeverEnds {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// A prefix query is admitted when its head arrives, so a client that never sends the body
+/// would keep the permit: the server answers DEADLINE_EXCEEDED at the query's deadline and
+/// the permit is free again.
+#[tokio::test]
+async fn a_query_whose_body_never_comes_loses_its_permit_at_its_deadline() {
+    let server = TestServer::start(Config {
+        prefix_query_max_inflight: 1,
+    })
+    .await;
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake::<_, _, NeverEnds>(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post(format!(
+        "http://{}/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix",
+        server.addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("grpc-timeout", "300m")
+    .body(NeverEnds)
+    .unwrap();
+    let stalled = tokio::spawn(async move { sender.send_request(request).await });
+    eventually("the stalled query was never admitted", || {
+        server.shared.prefix_queries_in_flight() == 1
+    })
+    .await;
+    // Meanwhile the one permit is taken.
+    let status = server
+        .client()
+        .match_external_kv_prefix(prefix(vec![1]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+
+    let response = tokio::time::timeout(Duration::from_secs(10), stalled)
+        .await
+        .expect("the server must answer at the deadline")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        response.headers().get("grpc-status").unwrap(),
+        &(Code::DeadlineExceeded as i32).to_string()
+    );
+    assert_eq!(server.shared.prefix_queries_in_flight(), 0);
+    let answer = server
+        .client()
+        .match_external_kv_prefix(prefix(vec![1]))
+        .await
+        .expect("the permit is free again");
+    assert_eq!(answer.into_inner().best_prefix_blocks, 0);
+}
