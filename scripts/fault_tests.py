@@ -89,6 +89,15 @@ def http_ok(url):
         return resp.status == 200
 
 
+def rss_mib(pid):
+    """The resident memory (VmRSS) of process `pid`, in MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def tcp_open(port):
     with socket.create_connection((HOST, port), timeout=0.5):
         return True

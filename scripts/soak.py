@@ -27,15 +27,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fault_tests  # noqa: E402  (the fleet, the traffic and the comparison)
-from fault_tests import ROOT, Fleet, Traffic, settle, stop_all  # noqa: E402
-
-
-def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+from fault_tests import ROOT, Fleet, Traffic, rss_mib, settle, stop_all  # noqa: E402
 
 
 def gauges(metrics_url):

@@ -180,12 +180,12 @@ impl ClientSecurity {
             None => Authorize(None),
             Some(token) => {
                 let token = token.expose();
-                let visible = !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic());
+                if !is_sendable_token(token) {
+                    return Err(SecurityError::BadToken);
+                }
                 let mut value: AsciiMetadataValue = format!("Bearer {token}")
                     .parse()
-                    .ok()
-                    .filter(|_| visible)
-                    .ok_or(SecurityError::BadToken)?;
+                    .map_err(|_| SecurityError::BadToken)?;
                 // Never indexed by HPACK, and shown redacted.
                 value.set_sensitive(true);
                 Authorize(Some(value))
@@ -226,6 +226,12 @@ impl ClientSecurity {
         }
         Ok(tls)
     }
+}
+
+/// Whether `token` can travel as `authorization: Bearer <token>`: not empty, visible ASCII, no
+/// spaces. The one rule for clients and server alike.
+pub fn is_sendable_token(token: &str) -> bool {
+    !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// Reads a PEM file, checking that it holds at least one block of the `expected` kind (any

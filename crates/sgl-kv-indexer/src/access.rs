@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use http::HeaderMap;
-use kv_indexer_client::security::{Secret, read_pem};
+use kv_indexer_client::security::{Secret, is_sendable_token, read_pem};
 use sha2::{Digest, Sha256};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -27,6 +27,8 @@ use crate::config::Args;
 /// The RPC paths of the `KVIndexer` service.
 const SERVICE_PREFIX: &str = "/kv_indexer.v1.KVIndexer/";
 const WRITE_METHOD: &str = "ApplyExternalKvBatch";
+/// The path of `MatchExternalKvPrefix`, the one RPC under admission control.
+pub const PREFIX_PATH: &str = "/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix";
 /// The service's methods, for the metric label of a rejected call.
 const METHODS: [&str; 4] = [
     WRITE_METHOD,
@@ -71,15 +73,15 @@ struct Token([u8; 32]);
 impl Token {
     fn new(setting: &str, token: &str) -> anyhow::Result<Token> {
         anyhow::ensure!(
-            !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic()),
+            is_sendable_token(token),
             "{setting} must be visible ASCII without spaces"
         );
-        Ok(Token(Sha256::digest(format!("Bearer {token}")).into()))
+        Ok(Token(digest(format!("Bearer {token}").as_bytes())))
     }
+}
 
-    fn matches(&self, given: &[u8]) -> bool {
-        <[u8; 32]>::from(Sha256::digest(given)) == self.0
-    }
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
 }
 
 impl std::fmt::Debug for Token {
@@ -110,13 +112,14 @@ impl Tokens {
 
     /// Whether a call to `path` with these `headers` may proceed.
     pub fn check(&self, path: &str, headers: &HeaderMap) -> Result<(), Status> {
+        // Digested once, compared with each token that may accept it.
         let given = headers
             .get(http::header::AUTHORIZATION)
-            .map(|value| value.as_bytes());
+            .map(|value| digest(value.as_bytes()));
         let accepted = |token: &Option<Token>| {
             token
                 .as_ref()
-                .is_some_and(|token| given.is_some_and(|given| token.matches(given)))
+                .is_some_and(|token| given.is_some_and(|given| token.0 == given))
         };
         let (needed, ok) = match Need::of(path) {
             Need::Nothing => return Ok(()),

@@ -26,15 +26,13 @@ use tonic::service::Routes;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
-use crate::access::{self, Access};
+use crate::access::{self, Access, PREFIX_PATH};
 use crate::config::Config;
 use crate::deadline::Arrival;
 use crate::service::{IndexerService, Shared};
 
 /// HTTP/2 streams allowed at once on one connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 64;
-/// The path of `MatchExternalKvPrefix`, the one RPC under admission control.
-const PREFIX_PATH: &str = "/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix";
 /// The longest an admitted prefix query may stay, from its head's arrival to its answer, when
 /// its `grpc-timeout` asks for no less: generous for the largest query (8 MiB, a scan of a
 /// million blocks), short enough that a slow upload cannot keep a permit.
