@@ -10,7 +10,7 @@ import pathlib
 import struct
 import sys
 
-FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "crates/kv-events/tests/fixtures"
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "crates/kv-testkit/fixtures"
 
 
 def prefixed(data: bytes) -> bytes:

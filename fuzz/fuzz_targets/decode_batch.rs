@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sgl_kv_indexer::convert;
+use kv_indexer_proto::convert;
 use sgl_kv_indexer_fuzz::bridge_messages;
 
 fuzz_target!(|payload: &[u8]| {

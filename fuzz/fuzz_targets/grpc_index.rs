@@ -16,7 +16,7 @@ use kv_indexer_proto::v1 as pb;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use reference::Model;
-use sgl_kv_indexer::convert;
+use kv_indexer_proto::convert;
 use sgl_kv_indexer_fuzz::{bridge_messages, take_prefixed};
 
 const WORKERS: [&str; 4] = ["w-b", "w-a", "W-c", ""];

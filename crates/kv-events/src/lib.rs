@@ -2,7 +2,7 @@
 //!
 //! No I/O, no async runtime, no clock: every function takes bytes or values and returns values,
 //! so all of it is tested against golden vectors captured from the real publisher
-//! (`tests/fixtures/`). The path of one message is [`frames`] → [`decode`] → [`mapping`] →
+//! (`kv-testkit/fixtures/`). The path of one message is [`frames`] → [`decode`] → [`mapping`] →
 //! [`chunk`]:
 //!
 //! - [`frames`]: ZMQ multipart messages: live `[topic, seq, payload]` (and `[seq, payload]`),

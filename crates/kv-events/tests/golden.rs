@@ -1,4 +1,4 @@
-//! Golden vectors from the real publisher (`tests/fixtures/`, see the README there): every batch
+//! Golden vectors from the real publisher (`crates/kv-testkit/fixtures/`, see the README there): every batch
 //! decodes to exactly the events the publisher serialised, and every captured ZMQ message parses.
 
 mod common;

@@ -17,8 +17,6 @@ pub mod endpoint;
 pub mod hashing;
 pub mod outcome;
 pub mod security;
-pub mod signal;
-pub mod throttle;
 pub mod tokenize;
 
 pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES};

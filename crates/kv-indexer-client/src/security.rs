@@ -7,8 +7,9 @@
 //! options for a plain `http://` endpoint, a token that cannot be a header value.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::path::PathBuf;
+
+pub use kv_common::{PemError, Secret, is_sendable_token, read_pem};
 
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
@@ -65,54 +66,11 @@ pub struct ClientSecurity {
     pub token: Option<Secret>,
 }
 
-/// A token or other secret setting: its `Debug` shows nothing, so that no `{:?}` of a
-/// configuration can log it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The secret itself, for the one place that sends or checks it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(…)")
-    }
-}
-
-impl FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(value: &str) -> Result<Secret, Self::Err> {
-        Ok(Secret(value.to_string()))
-    }
-}
-
-impl From<&str> for Secret {
-    fn from(value: &str) -> Secret {
-        Secret(value.to_string())
-    }
-}
-
 /// A client security setting that cannot work, naming it.
 #[derive(Debug, thiserror::Error)]
 pub enum SecurityError {
-    #[error("reading {what} {path:?}")]
-    Read {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{what} {path:?} holds no PEM {expected}")]
-    NotPem {
-        what: &'static str,
-        path: PathBuf,
-        expected: &'static str,
-    },
+    #[error(transparent)]
+    Pem(#[from] PemError),
     #[error("a client certificate needs its key and a key its certificate (give both)")]
     HalfIdentity,
     #[error("the Indexer token must be visible ASCII without spaces")]
@@ -226,39 +184,6 @@ impl ClientSecurity {
         }
         Ok(tls)
     }
-}
-
-/// Whether `token` can travel as `authorization: Bearer <token>`: not empty, visible ASCII, no
-/// spaces. The one rule for clients and server alike.
-pub fn is_sendable_token(token: &str) -> bool {
-    !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic())
-}
-
-/// Reads a PEM file, checking that it holds at least one block of the `expected` kind (any
-/// `… PRIVATE KEY` label counts for keys).
-pub fn read_pem(
-    what: &'static str,
-    path: &Path,
-    expected: &'static str,
-) -> Result<Vec<u8>, SecurityError> {
-    let bytes = std::fs::read(path).map_err(|source| SecurityError::Read {
-        what,
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let text = String::from_utf8_lossy(&bytes);
-    let found = text
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix("-----BEGIN "))
-        .any(|label| label.trim_end_matches('-').ends_with(expected));
-    if !found {
-        return Err(SecurityError::NotPem {
-            what,
-            path: path.to_path_buf(),
-            expected,
-        });
-    }
-    Ok(bytes)
 }
 
 impl Credentials {

@@ -12,7 +12,7 @@ use kv_indexer_client::{
 };
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use sgl_kv_indexer::{Config, Shared, server};
+use kv_server::{Config, Shared, server};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;

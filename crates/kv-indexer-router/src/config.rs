@@ -185,7 +185,7 @@ mod tests {
             c.indexer_security
                 .token
                 .as_ref()
-                .map(kv_indexer_client::security::Secret::expose),
+                .map(kv_common::Secret::expose),
             Some("r-secret")
         );
         let error = config(&[

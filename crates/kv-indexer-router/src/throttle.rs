@@ -1,6 +1,6 @@
 //! The router's warning classes, each logged at doubling totals.
 
-use kv_indexer_client::throttle::DoublingLog;
+use kv_common::DoublingLog;
 
 #[derive(Debug, Default)]
 pub struct DoublingLogs {

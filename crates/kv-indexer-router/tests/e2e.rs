@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use kv_bridge as bridge;
+use kv_bridge::config::{Args as BridgeArgs, BridgeConfig};
+use kv_bridge::stats::Stats;
 use kv_indexer_router::app::AppState;
 use kv_indexer_router::config::{Args, RouterConfig};
 use kv_indexer_router::policy::Policy;
 use kv_indexer_sim::{Config as SimConfig, Listeners, Worker};
 use serde_json::{Value, json};
-use sgl_kv_indexer::bridge;
-use sgl_kv_indexer::bridge::config::{Args as BridgeArgs, BridgeConfig};
-use sgl_kv_indexer::bridge::stats::Stats;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -34,8 +34,8 @@ async fn fleet(n: usize, address: impl Fn(&str) -> String) -> Fleet {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let indexer = listener.local_addr().unwrap();
     let indexer_stop = CancellationToken::new();
-    let shared = sgl_kv_indexer::server::shared(&sgl_kv_indexer::Config::default());
-    let indexer_task = tokio::spawn(sgl_kv_indexer::server::run(
+    let shared = kv_server::server::shared(&kv_server::Config::default());
+    let indexer_task = tokio::spawn(kv_server::server::run(
         listener,
         shared.clone(),
         indexer_stop.clone().cancelled_owned(),

@@ -77,8 +77,8 @@ async fn start_indexer() -> (SocketAddr, CancellationToken) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    let shared = sgl_kv_indexer::server::shared(&sgl_kv_indexer::Config::default());
-    tokio::spawn(sgl_kv_indexer::server::run(
+    let shared = kv_server::server::shared(&kv_server::Config::default());
+    tokio::spawn(kv_server::server::run(
         listener,
         shared,
         stop.clone().cancelled_owned(),

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use kv_indexer_client::signal;
+use kv_common::signal;
 use kv_indexer_sim::{Args, Config, Listeners, Worker};
 use tracing::info;
 use tracing_subscriber::EnvFilter;

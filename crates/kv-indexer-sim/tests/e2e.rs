@@ -8,6 +8,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kv_bridge::config::{Args, BridgeConfig};
+use kv_bridge::stats::Stats;
+use kv_bridge::{self as bridge, BridgeError};
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
@@ -15,11 +18,8 @@ use kv_indexer_sim::events::{Encoding, Medium};
 use kv_indexer_sim::publisher::PublisherStats;
 use kv_indexer_sim::scheduler::SchedulerHandle;
 use kv_indexer_sim::{Config, Endpoints, Listeners, Worker};
+use kv_server::{Shared, server};
 use serde_json::{Value, json};
-use sgl_kv_indexer::bridge::config::{Args, BridgeConfig};
-use sgl_kv_indexer::bridge::stats::Stats;
-use sgl_kv_indexer::bridge::{self, BridgeError};
-use sgl_kv_indexer::{Shared, server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -44,7 +44,7 @@ impl IndexServer {
     async fn start() -> IndexServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let shared = server::shared(&sgl_kv_indexer::Config::default());
+        let shared = server::shared(&kv_server::Config::default());
         let stop = CancellationToken::new();
         let task = tokio::spawn(server::run(
             listener,

@@ -7,23 +7,7 @@ use kv_index::Tier;
 use kv_indexer_sim::events::{BlockRemoved, BlockStored, Encoder, Encoding, Event, Medium};
 use serde_json::Value;
 
-fn fixture(name: &str) -> Vec<Value> {
-    let path = format!(
-        "{}/../kv-events/tests/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
-    text.lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-fn unhex(hex: &str) -> Vec<u8> {
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect()
-}
+use kv_testkit::fixtures::{rows as fixture, unhex};
 
 /// A msgpack integer as SGLang's i64 (uints above i64::MAX are reinterpreted).
 fn int(value: &Value) -> i64 {

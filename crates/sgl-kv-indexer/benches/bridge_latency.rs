@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kv_bridge as bridge;
+use kv_bridge::config::{Args, BridgeConfig};
+use kv_bridge::stats::Stats;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use kv_server::{Config, server};
 use serde_json::json;
-use sgl_kv_indexer::bridge::config::{Args, BridgeConfig};
-use sgl_kv_indexer::bridge::stats::Stats;
-use sgl_kv_indexer::{Config, bridge, server};
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 

@@ -12,12 +12,12 @@ use kv_indexer_client::client::transport_is_unavailable;
 use kv_indexer_client::security::Grpc;
 use kv_indexer_client::{ClientConfig, ClientSecurity, Endpoint, IndexerClient, PrefixOutcome};
 use kv_indexer_proto::v1 as pb;
+use kv_server::access::Access;
+use kv_server::{Args, Config, Shared, server};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair,
 };
-use sgl_kv_indexer::access::Access;
-use sgl_kv_indexer::{Args, Config, Shared, server};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;

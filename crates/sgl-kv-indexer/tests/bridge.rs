@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kv_bridge::config::{Args, BridgeConfig};
+use kv_bridge::stats::Stats;
+use kv_bridge::{self as bridge, BridgeError};
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use kv_server::{Config, Shared, server};
 use serde_json::{Value, json};
-use sgl_kv_indexer::bridge::config::{Args, BridgeConfig};
-use sgl_kv_indexer::bridge::stats::Stats;
-use sgl_kv_indexer::bridge::{self, BridgeError};
-use sgl_kv_indexer::{Config, Shared, server};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -23,23 +23,7 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 const TOPIC: &str = "kv-events";
 const WORKER: &str = "worker-0";
 
-fn fixture(name: &str) -> Vec<Value> {
-    let path = format!(
-        "{}/../kv-events/tests/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
-    text.lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-fn unhex(hex: &str) -> Vec<u8> {
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect()
-}
+use kv_testkit::fixtures::{rows as fixture, unhex};
 
 /// One captured live batch: its seq, payload, and the events it must decode to.
 struct Captured {

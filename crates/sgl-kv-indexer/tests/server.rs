@@ -8,7 +8,7 @@ use std::time::Duration;
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use sgl_kv_indexer::{Config, Shared, server};
+use kv_server::{Config, Shared, server};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -710,7 +710,7 @@ async fn a_second_listener_on_its_own_thread_serves_the_same_index() {
     let thread = server::serve_on_own_thread(
         listener,
         server.shared.clone(),
-        sgl_kv_indexer::access::Access::default(),
+        kv_server::access::Access::default(),
         stop.clone(),
     )
     .unwrap();

@@ -3,8 +3,6 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
-use std::path::PathBuf;
-
 /// A msgpack value, written with exactly the marker its variant names.
 #[derive(Debug, Clone)]
 pub enum Mp {
@@ -131,25 +129,5 @@ pub fn stored_arr(hashes: Mp, parent: Mp, medium: &str) -> Vec<Mp> {
     ]
 }
 
-pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-/// The rows of a JSONL fixture.
-pub fn rows(name: &str) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(fixture(name)).unwrap();
-    text.lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-pub fn unhex(hex: &str) -> Vec<u8> {
-    assert!(hex.len().is_multiple_of(2), "odd hex length");
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect()
-}
+#[allow(unused_imports)]
+pub use kv_testkit::fixtures::{path as fixture, rows, unhex};

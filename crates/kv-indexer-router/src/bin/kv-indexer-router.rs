@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use kv_indexer_client::signal;
+use kv_common::signal;
 use kv_indexer_router::config::{Args, RouterConfig};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;

@@ -1,26 +1,20 @@
 //! `kv-indexer-bridge`: parse settings, start logging, follow the worker's events until SIGINT
-//! or SIGTERM; a permanent error from the Indexer exits non-zero.
+//! or SIGTERM; a misconfiguration or a permanent error from the Indexer exits non-zero.
 
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use kv_indexer_client::signal;
-use sgl_kv_indexer::bridge::config::{Args, BridgeConfig};
-use sgl_kv_indexer::bridge::stats::Stats;
-use sgl_kv_indexer::{bridge, observe};
+use kv_bridge::config::{Args, BridgeConfig};
+use kv_bridge::stats::Stats;
+use kv_common::{signal, telemetry};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    telemetry::init_tracing();
     let metrics_addr = args.metrics_addr;
     let config = BridgeConfig::from_args(args)
         .map_err(anyhow::Error::msg)
@@ -28,14 +22,7 @@ async fn main() -> anyhow::Result<()> {
 
     let stop = CancellationToken::new();
     if let Some(addr) = metrics_addr {
-        let listener = observe::bind_metrics(addr).await?;
-        let handle = observe::install_recorder()?;
-        info!(%addr, "serving metrics on /metrics");
-        tokio::spawn(observe::serve_metrics(
-            listener,
-            handle,
-            stop.clone().cancelled_owned(),
-        ));
+        telemetry::serve_on("KV_INDEXER_BRIDGE_METRICS_ADDR", addr, &[], &stop).await?;
     }
     tokio::spawn({
         let stop = stop.clone();
@@ -46,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     info!(worker_id = %config.worker_id, endpoint = %config.endpoint, "kv-indexer-bridge starting");
-    let result = bridge::run(config, Arc::new(Stats::default()), stop.clone()).await;
+    let result = kv_bridge::run(config, Arc::new(Stats::default()), stop.clone()).await;
     stop.cancel();
     result.context("kv-indexer-bridge stopped")
 }

@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use clap::Parser;
-use kv_indexer_client::signal;
-use sgl_kv_indexer::access::Access;
-use sgl_kv_indexer::{Args, Config, observe, server};
+use kv_common::{signal, telemetry};
+use kv_server::access::Access;
+use kv_server::{Args, Config, observe, server};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -12,12 +12,7 @@ use tracing::{info, warn};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    telemetry::init_tracing();
     let config = Config::from(&args);
     let access = Access::from_args(&args)?;
     for addr in std::iter::once(args.listen_addr).chain(args.apply_listen_addr) {
@@ -30,23 +25,17 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding KV_INDEXER_LISTEN_ADDR {}", args.listen_addr))?;
 
     let stop = CancellationToken::new();
-    let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = args.metrics_addr {
-        let metrics_listener = observe::bind_metrics(addr).await?;
-        let handle = observe::install_recorder()?;
-        info!(%addr, "serving metrics on /metrics");
-        let stopped = stop.clone().cancelled_owned();
-        tasks.spawn(observe::serve_metrics(metrics_listener, handle, stopped));
+        telemetry::serve_on("KV_INDEXER_METRICS_ADDR", addr, observe::BUCKETS, &stop).await?;
     }
-    {
+    tokio::spawn({
         let stop = stop.clone();
-        tasks.spawn(async move {
+        async move {
             signal::shutdown().await;
             info!("shutting down");
             stop.cancel();
-            Ok(())
-        });
-    }
+        }
+    });
 
     let shared = server::shared(&config);
     let apply_thread = match args.apply_listen_addr {
@@ -67,11 +56,6 @@ async fn main() -> anyhow::Result<()> {
             Ok(Err(error)) => warn!(%error, "the apply listener failed"),
             Err(_) => warn!("the apply listener's thread panicked"),
             Ok(Ok(())) => {}
-        }
-    }
-    while let Some(joined) = tasks.join_next().await {
-        if let Ok(Err(error)) = joined {
-            warn!(%error, "background task failed");
         }
     }
     result

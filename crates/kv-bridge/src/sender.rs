@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kv_events::{Action, clear_action};
-use kv_index::{ActionKind, CacheSpec, Tier};
+use kv_index::Tier;
 use kv_indexer_client::security::Grpc;
+use kv_indexer_proto::convert::{WorkerHeader, apply_message};
 use kv_indexer_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -41,28 +42,13 @@ pub fn is_permanent(code: Code) -> bool {
 /// What every request of this worker carries.
 #[derive(Debug, Clone)]
 struct Identity {
-    worker_id: String,
-    worker_address: String,
-    cache_spec: Option<CacheSpec>,
+    header: WorkerHeader,
     clear_tiers: Vec<Tier>,
 }
 
 impl Identity {
     fn request(&self, seq: u64, actions: Vec<Action>) -> pb::ApplyExternalKvBatchRequest {
-        pb::ApplyExternalKvBatchRequest {
-            worker_id: self.worker_id.clone(),
-            seq,
-            actions: actions.into_iter().map(action).collect(),
-            worker_address: self.worker_address.clone(),
-            cache_spec: self.cache_spec.map(|spec| pb::WorkerCacheSpec {
-                version: spec.version,
-                components: spec.components,
-                swa_window_tokens: spec.swa_window_tokens,
-                full_tier_mask: spec.full_tier_mask,
-                swa_tier_mask: spec.swa_tier_mask,
-                mamba_tier_mask: spec.mamba_tier_mask,
-            }),
-        }
+        apply_message(&self.header, seq, actions)
     }
 
     fn clear_actions(&self) -> Vec<Action> {
@@ -70,22 +56,6 @@ impl Identity {
             .iter()
             .map(|&tier| clear_action(tier))
             .collect()
-    }
-}
-
-fn action(action: Action) -> pb::ExternalKvAction {
-    let kind = match action.kind {
-        ActionKind::Report => pb::ExternalKvActionType::ActionReport,
-        ActionKind::Revoke => pb::ExternalKvActionType::ActionRevoke,
-        ActionKind::ClearAllAtTier => pb::ExternalKvActionType::ActionClearAllAtTier,
-    };
-    pb::ExternalKvAction {
-        r#type: kind as i32,
-        tier: action.tier.wire(),
-        hashes: action.hashes,
-        component_masks: action.component_masks,
-        block_sizes: action.block_sizes,
-        parent_block_hash: action.parent_block_hash,
     }
 }
 
@@ -115,9 +85,11 @@ impl Sender {
         Ok(Sender {
             client,
             identity: Identity {
-                worker_id: config.worker_id.clone(),
-                worker_address: config.worker_address.clone(),
-                cache_spec: config.cache_spec,
+                header: WorkerHeader {
+                    worker_id: config.worker_id.clone(),
+                    worker_address: config.worker_address.clone(),
+                    cache_spec: config.cache_spec,
+                },
                 clear_tiers: config.clear_tiers.clone(),
             },
             outbox,

@@ -5,7 +5,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::Parser;
-use kv_indexer_client::security::Secret;
+use kv_common::Secret;
 
 /// The KV-cache Indexer gRPC server.
 #[derive(Debug, Clone, Parser)]

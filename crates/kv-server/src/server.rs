@@ -66,8 +66,8 @@ pub async fn serve(
     http2.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let graceful = GracefulShutdown::new();
     let tokens = Arc::new(access.tokens);
-    let refused = Arc::new(kv_indexer_client::throttle::DoublingLog::default());
-    let handshakes_failed = Arc::new(kv_indexer_client::throttle::DoublingLog::default());
+    let refused = Arc::new(kv_common::DoublingLog::default());
+    let handshakes_failed = Arc::new(kv_common::DoublingLog::default());
 
     info!(%addr, tls = access.tls.is_some(), mutual_tls = access.mutual_tls, "kv-indexer-server listening");
     tokio::pin!(shutdown);

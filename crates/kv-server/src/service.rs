@@ -27,11 +27,11 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::convert;
 use crate::deadline::{Arrival, deadline};
 use crate::error::ServerError;
 use crate::observe;
-use kv_indexer_client::throttle::DoublingLog;
+use kv_common::DoublingLog;
+use kv_indexer_proto::convert;
 
 /// Prefix queries longer than this run on the blocking pool instead of an async worker.
 const INLINE_PREFIX_HASHES: usize = 4096;

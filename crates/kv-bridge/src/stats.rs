@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kv_indexer_client::throttle::DoublingLog;
+use kv_common::DoublingLog;
 
 #[derive(Debug, Default)]
 pub struct Stats {

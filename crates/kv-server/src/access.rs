@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use http::HeaderMap;
-use kv_indexer_client::security::{Secret, is_sendable_token, read_pem};
+use kv_common::{Secret, is_sendable_token, read_pem};
 use sha2::{Digest, Sha256};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;

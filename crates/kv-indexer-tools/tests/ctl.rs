@@ -8,8 +8,8 @@ use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::simple_tokenize;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use kv_server::{Config, server};
 use serde_json::Value;
-use sgl_kv_indexer::{Config, server};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

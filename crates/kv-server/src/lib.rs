@@ -1,20 +1,18 @@
-//! The KV-cache Indexer server: the `kv_indexer.v1` gRPC service over the pure index of the
-//! `kv-index` crate, with admission control, deadline shedding, health, reflection and metrics.
+//! The KV-cache Indexer server library (`kv-indexer-server` is its thin main): the
+//! `kv_indexer.v1` gRPC service over the pure index of the `kv-index` crate, with admission
+//! control, deadline shedding, health, reflection and metrics. It knows nothing of ZMQ or of
+//! SGLang's events; wire ↔ index conversion is `kv_indexer_proto::convert`.
 //!
 //! - [`access`]: TLS (optionally mutual) and the read and write tokens;
-//! - [`bridge`]: `kv-indexer-bridge`, SGLang's ZMQ event stream into the index;
 //! - [`config`]: flags and environment variables;
 //! - [`server`]: assembles the gRPC server and runs it on a bound listener;
 //! - [`service`]: the four RPCs, locking, admission and deadline checks;
-//! - [`convert`]: wire types ↔ index types (the only module that knows both);
 //! - [`deadline`]: arrival stamps and `grpc-timeout` parsing;
 //! - [`error`]: every error and its status code;
 //! - [`observe`]: Prometheus metrics and their admin endpoint;
 
 pub mod access;
-pub mod bridge;
 pub mod config;
-pub mod convert;
 pub mod deadline;
 pub mod error;
 pub mod observe;

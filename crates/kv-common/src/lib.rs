@@ -1,0 +1,16 @@
+//! What every binary of the KV Indexer shares (server, bridge, router, simulated worker, tools),
+//! and nothing else: no gRPC, no ZMQ, no index.
+//!
+//! - [`signal`]: SIGINT and SIGTERM, for graceful shutdown;
+//! - [`throttle`]: logs at doubling totals, so a sustained stream does not flood them;
+//! - [`telemetry`]: the log subscriber and the Prometheus recorder, with its upkeep and its
+//!   `/metrics` endpoint;
+//! - [`secret`]: secret settings that never print, bearer-token syntax and PEM files.
+
+pub mod secret;
+pub mod signal;
+pub mod telemetry;
+pub mod throttle;
+
+pub use secret::{PemError, Secret, is_sendable_token, read_pem};
+pub use throttle::DoublingLog;

@@ -1,0 +1,140 @@
+//! The log subscriber and the Prometheus recorder every binary installs.
+//!
+//! The recorder is process-global (the `metrics` facade). Histogram samples are kept until an
+//! upkeep folds them into buckets; `install_recorder` leaves that to its caller, so
+//! [`Metrics::install`] always starts an upkeep task beside the handle: a process that nobody
+//! scrapes keeps flat memory.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+/// How often the upkeep folds histogram samples into their buckets.
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Logs to stderr with `RUST_LOG` as the filter (default `info`).
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Why metrics could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("setting the buckets of {metric}")]
+    Buckets {
+        metric: &'static str,
+        #[source]
+        source: BuildError,
+    },
+    #[error("installing the metrics recorder")]
+    Install(#[source] BuildError),
+    #[error("binding {setting} {addr}")]
+    Bind {
+        setting: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving metrics")]
+    Serve(#[source] std::io::Error),
+}
+
+/// The installed recorder's handle.
+#[derive(Clone)]
+pub struct Metrics {
+    handle: PrometheusHandle,
+}
+
+impl Metrics {
+    /// Installs the global recorder once per process (later calls return the first one; their
+    /// buckets are ignored), with histogram buckets per metric name, and spawns its upkeep on
+    /// the current runtime until `stop`.
+    pub fn install(
+        buckets: &[(&'static str, &[f64])],
+        stop: &CancellationToken,
+    ) -> Result<Metrics, MetricsError> {
+        static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+        if let Some(handle) = HANDLE.get() {
+            return Ok(Metrics {
+                handle: handle.clone(),
+            });
+        }
+        let mut builder = PrometheusBuilder::new();
+        for &(metric, bounds) in buckets {
+            builder = builder
+                .set_buckets_for_metric(Matcher::Full(metric.into()), bounds)
+                .map_err(|source| MetricsError::Buckets { metric, source })?;
+        }
+        let handle = builder.install_recorder().map_err(MetricsError::Install)?;
+        let handle = HANDLE.get_or_init(|| handle).clone();
+        tokio::spawn(upkeep(handle.clone(), stop.clone()));
+        Ok(Metrics { handle })
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Serves `GET /metrics` on `listener` until `stop`.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        stop: CancellationToken,
+    ) -> Result<(), MetricsError> {
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let metrics = self.clone();
+                async move { metrics.render() }
+            }),
+        );
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+            .map_err(MetricsError::Serve)
+    }
+}
+
+async fn upkeep(handle: PrometheusHandle, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => handle.run_upkeep(),
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Binds an admin address; `setting` names the variable the binary read it from.
+pub async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener, MetricsError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind {
+            setting,
+            addr,
+            source,
+        })
+}
+
+/// Installs the recorder, binds `addr` and serves `/metrics` there until `stop`: what a binary
+/// with a metrics setting does at start.
+pub async fn serve_on(
+    setting: &'static str,
+    addr: SocketAddr,
+    buckets: &[(&'static str, &[f64])],
+    stop: &CancellationToken,
+) -> Result<tokio::task::JoinHandle<Result<(), MetricsError>>, MetricsError> {
+    let listener = bind(setting, addr).await?;
+    let metrics = Metrics::install(buckets, stop)?;
+    tracing::info!(%addr, "serving metrics on /metrics");
+    Ok(tokio::spawn(metrics.serve(listener, stop.clone())))
+}
