@@ -269,6 +269,7 @@ impl Saturation {
 async fn reports_a_saturated_server_as_overloaded() {
     let server = TestServer::start(Config {
         prefix_query_max_inflight: 1,
+        ..Config::default()
     })
     .await;
     let saturation = Saturation::start(&server).await;
@@ -283,6 +284,7 @@ async fn reports_a_saturated_server_as_overloaded() {
 async fn fails_over_when_the_first_replica_is_overloaded() {
     let busy = TestServer::start(Config {
         prefix_query_max_inflight: 1,
+        ..Config::default()
     })
     .await;
     let spare = TestServer::start(Config::default()).await;

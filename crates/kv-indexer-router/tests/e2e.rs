@@ -24,7 +24,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 struct Fleet {
     indexer: SocketAddr,
     indexer_stop: CancellationToken,
-    indexer_task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    indexer_task: tokio::task::JoinHandle<Result<(), kv_server::error::StartError>>,
     workers: Vec<String>,
     stop: CancellationToken,
 }

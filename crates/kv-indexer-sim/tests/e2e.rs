@@ -37,7 +37,7 @@ struct IndexServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     stop: CancellationToken,
-    task: JoinHandle<anyhow::Result<()>>,
+    task: JoinHandle<Result<(), kv_server::error::StartError>>,
 }
 
 impl IndexServer {

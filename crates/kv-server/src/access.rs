@@ -11,9 +11,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Context;
 use http::HeaderMap;
-use kv_common::{Secret, is_sendable_token, read_pem};
+use kv_common::{PemError, Secret, is_sendable_token, read_pem};
 use sha2::{Digest, Sha256};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -23,6 +22,45 @@ use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
 use tonic::Status;
 
 use crate::config::Args;
+
+/// A TLS or token setting the server cannot use, naming the variable it read it from.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    #[error("{setting} must be visible ASCII without spaces")]
+    BadToken { setting: &'static str },
+    #[error(
+        "KV_INDEXER_TLS_CLIENT_CA (--tls-client-ca) needs KV_INDEXER_TLS_CERT and KV_INDEXER_TLS_KEY"
+    )]
+    ClientCaWithoutTls,
+    #[error("KV_INDEXER_TLS_CERT (--tls-cert) and KV_INDEXER_TLS_KEY (--tls-key) go together")]
+    HalfTls,
+    #[error(transparent)]
+    Pem(#[from] PemError),
+    #[error("{setting} {path:?}: {what}")]
+    Tls {
+        setting: &'static str,
+        path: std::path::PathBuf,
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl AccessError {
+    fn tls(
+        setting: &'static str,
+        path: &Path,
+        what: &'static str,
+    ) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> AccessError {
+        let path = path.to_path_buf();
+        move |source| AccessError::Tls {
+            setting,
+            path,
+            what,
+            source,
+        }
+    }
+}
 
 /// The RPC paths of the `KVIndexer` service.
 const SERVICE_PREFIX: &str = "/kv_indexer.v1.KVIndexer/";
@@ -71,11 +109,10 @@ pub fn method_label(path: &str) -> &'static str {
 struct Token([u8; 32]);
 
 impl Token {
-    fn new(setting: &str, token: &str) -> anyhow::Result<Token> {
-        anyhow::ensure!(
-            is_sendable_token(token),
-            "{setting} must be visible ASCII without spaces"
-        );
+    fn new(setting: &'static str, token: &str) -> Result<Token, AccessError> {
+        if !is_sendable_token(token) {
+            return Err(AccessError::BadToken { setting });
+        }
         Ok(Token(digest(format!("Bearer {token}").as_bytes())))
     }
 }
@@ -99,7 +136,7 @@ pub struct Tokens {
 
 impl Tokens {
     /// `write` guards applies, `read` guards queries; `None` leaves that side open.
-    pub fn new(write: Option<&str>, read: Option<&str>) -> anyhow::Result<Tokens> {
+    pub fn new(write: Option<&str>, read: Option<&str>) -> Result<Tokens, AccessError> {
         Ok(Tokens {
             write: write
                 .map(|t| Token::new("KV_INDEXER_WRITE_TOKEN (--write-token)", t))
@@ -164,23 +201,18 @@ impl std::fmt::Debug for Access {
 
 impl Access {
     /// Reads the certificate files and tokens the settings name.
-    pub fn from_args(args: &Args) -> anyhow::Result<Access> {
+    pub fn from_args(args: &Args) -> Result<Access, AccessError> {
         let tokens = Tokens::new(
             args.write_token.as_ref().map(Secret::expose),
             args.read_token.as_ref().map(Secret::expose),
         )?;
         let tls = match (&args.tls_cert, &args.tls_key) {
-            (None, None) => {
-                anyhow::ensure!(
-                    args.tls_client_ca.is_none(),
-                    "KV_INDEXER_TLS_CLIENT_CA (--tls-client-ca) needs KV_INDEXER_TLS_CERT and KV_INDEXER_TLS_KEY"
-                );
-                None
+            (None, None) if args.tls_client_ca.is_some() => {
+                return Err(AccessError::ClientCaWithoutTls);
             }
+            (None, None) => None,
             (Some(cert), Some(key)) => Some(server_tls(cert, key, args.tls_client_ca.as_deref())?),
-            _ => anyhow::bail!(
-                "KV_INDEXER_TLS_CERT (--tls-cert) and KV_INDEXER_TLS_KEY (--tls-key) go together"
-            ),
+            _ => return Err(AccessError::HalfTls),
         };
         Ok(Access {
             tls,
@@ -217,42 +249,52 @@ pub fn server_tls(
     cert: &Path,
     key: &Path,
     client_ca: Option<&Path>,
-) -> anyhow::Result<TlsAcceptor> {
+) -> Result<TlsAcceptor, AccessError> {
+    const KEY: &str = "KV_INDEXER_TLS_KEY";
     let provider = Arc::new(crypto::ring::default_provider());
     let chain = certificates("KV_INDEXER_TLS_CERT", cert)?;
-    let key_pem = read_pem("KV_INDEXER_TLS_KEY", key, "PRIVATE KEY")?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem)
-        .with_context(|| format!("KV_INDEXER_TLS_KEY {key:?}: not a usable private key"))?;
+    let key_pem = read_pem(KEY, key, "PRIVATE KEY")?;
+    let key_der = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| AccessError::tls(KEY, key, "not a usable private key")(e.into()))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?;
+        .map_err(|e| AccessError::tls(KEY, key, "no TLS protocol version")(e.into()))?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
-        Some(path) => {
-            let mut roots = RootCertStore::empty();
-            for ca in certificates("KV_INDEXER_TLS_CLIENT_CA", path)? {
-                roots.add(ca).with_context(|| {
-                    format!("KV_INDEXER_TLS_CLIENT_CA {path:?}: not a usable CA certificate")
-                })?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .with_context(|| format!("KV_INDEXER_TLS_CLIENT_CA {path:?}"))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+        Some(path) => builder.with_client_cert_verifier(client_verifier(path, provider)?),
     };
-    let mut config = builder.with_single_cert(chain, key).with_context(|| {
-        format!("KV_INDEXER_TLS_CERT {cert:?} and KV_INDEXER_TLS_KEY: the key does not fit the certificate")
+    let mut config = builder.with_single_cert(chain, key_der).map_err(|e| {
+        AccessError::tls(KEY, key, "the key does not fit the certificate")(e.into())
     })?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-fn certificates(what: &'static str, path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+/// Requires a client certificate signed by a CA of `path`.
+fn client_verifier(
+    path: &Path,
+    provider: Arc<crypto::CryptoProvider>,
+) -> Result<Arc<dyn tokio_rustls::rustls::server::danger::ClientCertVerifier>, AccessError> {
+    const CA: &str = "KV_INDEXER_TLS_CLIENT_CA";
+    let mut roots = RootCertStore::empty();
+    for ca in certificates(CA, path)? {
+        roots
+            .add(ca)
+            .map_err(|e| AccessError::tls(CA, path, "not a usable CA certificate")(e.into()))?;
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| AccessError::tls(CA, path, "no usable client verifier")(e.into()))
+}
+
+fn certificates(
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, AccessError> {
     let pem = read_pem(what, path, "CERTIFICATE")?;
     CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("{what} {path:?}: a certificate block does not parse"))
+        .map_err(|e| AccessError::tls(what, path, "a certificate block does not parse")(e.into()))
 }
 
 #[cfg(test)]

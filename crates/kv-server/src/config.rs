@@ -4,8 +4,12 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
+use std::time::Duration;
+
 use clap::Parser;
 use kv_common::Secret;
+
+use crate::access::{Access, AccessError};
 
 /// The KV-cache Indexer gRPC server.
 #[derive(Debug, Clone, Parser)]
@@ -52,27 +56,45 @@ pub struct Args {
     /// Bearer token the queries must carry, the write token also accepted (open when unset).
     #[arg(long, env = "KV_INDEXER_READ_TOKEN", hide_env_values = true)]
     pub read_token: Option<Secret>,
+
+    /// Seconds a shutdown (SIGINT, SIGTERM) waits for open connections to finish their calls
+    /// before it drops them.
+    #[arg(long, env = "KV_INDEXER_DRAIN_TIMEOUT_S", default_value = "10")]
+    pub drain_timeout_s: u64,
 }
 
-/// The validated settings the service runs with.
+/// The validated settings the service runs with. The access settings (TLS, tokens) are part
+/// of it, so a server cannot be started without the ones configured.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub prefix_query_max_inflight: usize,
+    /// TLS and tokens, read and checked; open (plain, no tokens) by default.
+    pub access: Access,
+    /// How long a shutdown waits for open connections to finish before it drops them.
+    pub drain_timeout: Duration,
 }
+
+/// The default of [`Config::drain_timeout`].
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for Config {
     fn default() -> Config {
         Config {
             prefix_query_max_inflight: 32,
+            access: Access::default(),
+            drain_timeout: DRAIN_TIMEOUT,
         }
     }
 }
 
-impl From<&Args> for Config {
-    fn from(args: &Args) -> Config {
-        Config {
+impl Config {
+    /// The settings of `args`, with the certificate files and tokens they name read and checked.
+    pub fn from_args(args: &Args) -> Result<Config, AccessError> {
+        Ok(Config {
             prefix_query_max_inflight: args.prefix_query_max_inflight.get(),
-        }
+            access: Access::from_args(args)?,
+            drain_timeout: Duration::from_secs(args.drain_timeout_s),
+        })
     }
 }
 
@@ -86,7 +108,10 @@ mod tests {
         match (Args::try_parse_from(full), expect) {
             (Ok(args), Ok((addr, inflight))) => {
                 assert_eq!(args.listen_addr.to_string(), addr);
-                assert_eq!(Config::from(&args).prefix_query_max_inflight, inflight);
+                assert_eq!(
+                    Config::from_args(&args).unwrap().prefix_query_max_inflight,
+                    inflight
+                );
             }
             (Err(error), Err(needle)) => {
                 let text = error.to_string();
@@ -141,6 +166,7 @@ mod tests {
             "KV_INDEXER_TLS_KEY",
             "KV_INDEXER_TLS_CLIENT_CA",
             "KV_INDEXER_WRITE_TOKEN",
+            "KV_INDEXER_DRAIN_TIMEOUT_S",
             "KV_INDEXER_READ_TOKEN",
         ] {
             assert!(help.contains(var), "--help does not mention {var}");

@@ -1,4 +1,5 @@
-//! Every error the service answers with, and the one place that maps them to gRPC status codes.
+//! Every error the service answers with, and the one place that maps them to gRPC status
+//! codes; and what can stop the server from starting or serving.
 
 use kv_index::{ErrorClass, ValidationError};
 use tonic::{Code, Status};
@@ -33,4 +34,15 @@ impl From<ServerError> for Status {
     fn from(error: ServerError) -> Status {
         Status::new(error.code(), error.to_string())
     }
+}
+
+/// Why the server could not start serving a listener.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("reading the listen address")]
+    LocalAddr(#[source] std::io::Error),
+    #[error("building server reflection")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    #[error("registering the apply listener with the runtime")]
+    Register(#[source] std::io::Error),
 }

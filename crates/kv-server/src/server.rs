@@ -9,26 +9,30 @@
 //! With TLS, each connection's handshake runs in that connection's task, bounded by
 //! [`TLS_HANDSHAKE_TIMEOUT`], so a slow or hostile client cannot stall the accept loop.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use kv_common::DoublingLog;
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 use tonic::Status;
 use tonic::service::Routes;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
-use crate::access::{self, Access, PREFIX_PATH};
+use crate::access::{self, PREFIX_PATH};
 use crate::config::Config;
 use crate::deadline::Arrival;
+use crate::error::StartError;
+use crate::observe;
 use crate::service::{IndexerService, Shared};
 
 /// HTTP/2 streams allowed at once on one connection.
@@ -40,34 +44,23 @@ pub const PREFIX_QUERY_MAX_TIME: Duration = Duration::from_secs(10);
 /// How long a client may take over the TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves the Indexer in plain HTTP/2 without tokens; see [`serve`].
+/// Serves the Indexer on an already-bound listener with the access settings of the `Config`
+/// that made `shared` (TLS, tokens: the server cannot be started without the configured ones)
+/// until `shutdown` resolves, then drains the open connections for at most the configured
+/// drain timeout. `shared` lets the caller (tests, the binary) observe the index.
 pub async fn run(
     listener: TcpListener,
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()> + Send,
-) -> anyhow::Result<()> {
-    serve(listener, shared, Access::default(), shutdown).await
-}
-
-/// Serves the Indexer on an already-bound listener with `access` (TLS, tokens) until
-/// `shutdown` resolves, then drains the open connections. `shared` lets the caller (tests,
-/// the binary) observe the index.
-pub async fn serve(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    access: Access,
-    shutdown: impl Future<Output = ()> + Send,
-) -> anyhow::Result<()> {
-    let addr = listener
-        .local_addr()
-        .context("reading the listen address")?;
+) -> Result<(), StartError> {
+    let addr = listener.local_addr().map_err(StartError::LocalAddr)?;
     let routes = routes(shared.clone()).await?;
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let graceful = GracefulShutdown::new();
-    let tokens = Arc::new(access.tokens);
-    let refused = Arc::new(kv_common::DoublingLog::default());
-    let handshakes_failed = Arc::new(kv_common::DoublingLog::default());
+    let access = shared.access().clone();
+    let gate = Arc::new(Gate::new(shared.clone()));
+    let handshakes_failed = Arc::new(DoublingLog::default());
 
     info!(%addr, tls = access.tls.is_some(), mutual_tls = access.mutual_tls, "kv-indexer-server listening");
     tokio::pin!(shutdown);
@@ -79,7 +72,7 @@ pub async fn serve(
                 Err(error) => {
                     // Out of file descriptors and the like: keep serving the open connections.
                     warn!(%error, "accepting a connection failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
@@ -87,88 +80,222 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             debug!(%error, %peer, "cannot set TCP_NODELAY");
         }
-        let routes = routes.clone();
-        let tokens = tokens.clone();
-        let refused = refused.clone();
-        let shared = shared.clone();
-        let service = tower::service_fn(move |mut request: http::Request<Incoming>| {
-            let arrival = Instant::now();
-            let path = request.uri().path();
-            // An admitted query's whole stay, body upload included, is bounded, so that a
-            // client cannot hold a permit by sending its body slowly.
-            let bound = (path == PREFIX_PATH).then(|| admitted_budget(request.headers()));
-            let checked = match tokens.check(path, request.headers()) {
-                Err(status) => {
-                    if let Some(total) = refused.record() {
-                        warn!(total, %peer, message = status.message(), "refused a call without the right token");
-                    }
-                    Err(status)
-                }
-                Ok(()) if path == PREFIX_PATH => shared
-                    .admit()
-                    .map(|admitted| {
-                        request.extensions_mut().insert(admitted);
-                    })
-                    .map_err(Status::from),
-                Ok(()) => Ok(()),
-            };
-            let routes = routes.clone();
-            let shared = shared.clone();
-            async move {
-                if let Err(status) = checked {
-                    let rpc = access::method_label(request.uri().path());
-                    crate::observe::request(rpc, status.code(), arrival.elapsed());
-                    return Ok(status.into_http());
-                }
-                request.extensions_mut().insert(Arrival(arrival));
-                let Some(bound) = bound else {
-                    return routes.oneshot(request).await;
-                };
-                match tokio::time::timeout(bound, routes.oneshot(request)).await {
-                    Ok(answer) => answer,
-                    Err(_) => {
-                        shared.record_shed();
-                        let status = Status::deadline_exceeded(format!(
-                            "no answer within {bound:?} of the request's arrival (its deadline, at most {PREFIX_QUERY_MAX_TIME:?})"
-                        ));
-                        crate::observe::request(
-                            access::method_label(PREFIX_PATH),
-                            status.code(),
-                            arrival.elapsed(),
-                        );
-                        Ok(status.into_http())
-                    }
-                }
-            }
-        });
-        let service = TowerToHyperService::new(service);
-        let watcher = graceful.watcher();
-        let http2 = http2.clone();
+        let service =
+            TowerToHyperService::new(connection_service(gate.clone(), routes.clone(), peer));
+        let connection = Connection {
+            http2: http2.clone(),
+            watcher: graceful.watcher(),
+            peer,
+        };
         let tls = access.tls.clone();
         let handshakes_failed = handshakes_failed.clone();
         tokio::spawn(async move {
-            let Some(tls) = tls else {
-                return serve_connection(&http2, watcher, stream, service, peer).await;
-            };
-            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
-                Ok(Ok(stream)) => serve_connection(&http2, watcher, stream, service, peer).await,
-                failed => {
-                    crate::observe::tls_handshake_failed();
-                    let error = match failed {
-                        Ok(Err(error)) => error.to_string(),
-                        _ => format!("no handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
-                    };
-                    if let Some(total) = handshakes_failed.record() {
-                        warn!(total, %peer, %error, "TLS handshake failed");
-                    }
+            match tls {
+                None => connection.serve(stream, service).await,
+                Some(tls) => {
+                    connection
+                        .serve_tls(tls, stream, service, &handshakes_failed)
+                        .await
                 }
             }
         });
     }
-    info!("kv-indexer-server draining connections");
-    graceful.shutdown().await;
-    info!("kv-indexer-server stopped");
+    drain(graceful, shared.drain_timeout()).await;
     Ok(())
+}
+
+/// Waits for the open connections to finish their calls, at most `timeout`; the rest are
+/// dropped with the runtime.
+async fn drain(graceful: GracefulShutdown, timeout: Duration) {
+    info!(?timeout, "kv-indexer-server draining connections");
+    match tokio::time::timeout(timeout, graceful.shutdown()).await {
+        Ok(()) => info!("kv-indexer-server stopped"),
+        Err(_) => warn!(
+            ?timeout,
+            "kv-indexer-server stopped with connections still open after the drain timeout (KV_INDEXER_DRAIN_TIMEOUT_S)"
+        ),
+    }
+}
+
+/// What the accept loop does with every request head before it is routed, in order: stamp its
+/// arrival, check the caller's token (before the body is read), admit a prefix query (a permit
+/// held until its answer), and bound an admitted query's stay.
+pub struct Gate {
+    shared: Arc<Shared>,
+    refused: DoublingLog,
+}
+
+/// A request that passed the gate: route it, within `stay` when it has one.
+#[derive(Debug)]
+pub struct Passed {
+    pub arrival: Instant,
+    pub stay: Option<Duration>,
+}
+
+/// A request the gate refused: answer `status` without routing it.
+#[derive(Debug)]
+pub struct Refused {
+    pub arrival: Instant,
+    pub status: Status,
+}
+
+impl Gate {
+    pub fn new(shared: Arc<Shared>) -> Gate {
+        Gate {
+            shared,
+            refused: DoublingLog::default(),
+        }
+    }
+
+    /// Checks one request head; a passed request carries its [`Arrival`] (and a prefix query
+    /// its admission) in its extensions.
+    pub fn check<B>(
+        &self,
+        request: &mut http::Request<B>,
+        peer: SocketAddr,
+    ) -> Result<Passed, Refused> {
+        let arrival = Instant::now();
+        let refuse = |status| Refused { arrival, status };
+        let path = request.uri().path();
+        let prefix_query = path == PREFIX_PATH;
+        if let Err(status) = self.shared.access().tokens.check(path, request.headers()) {
+            if let Some(total) = self.refused.record() {
+                warn!(total, %peer, message = status.message(), "refused a call without the right token");
+            }
+            return Err(refuse(status));
+        }
+        // An admitted query's whole stay, body upload included, is bounded, so that a client
+        // cannot hold a permit by sending its body slowly.
+        let stay = prefix_query.then(|| admitted_budget(request.headers()));
+        if prefix_query {
+            let admitted = self.shared.admit().map_err(|e| refuse(e.into()))?;
+            request.extensions_mut().insert(admitted);
+        }
+        request.extensions_mut().insert(Arrival(arrival));
+        Ok(Passed { arrival, stay })
+    }
+
+    /// The answer to an admitted query that outstayed its bound.
+    fn outstayed(&self, passed: &Passed, stay: Duration) -> Status {
+        self.shared.record_shed();
+        let status = Status::deadline_exceeded(format!(
+            "no answer within {stay:?} of the request's arrival (its deadline, at most {PREFIX_QUERY_MAX_TIME:?})"
+        ));
+        observe::request(
+            access::method_label(PREFIX_PATH),
+            status.code(),
+            passed.arrival.elapsed(),
+        );
+        status
+    }
+}
+
+/// The per-connection service: the gate, then the routes.
+fn connection_service(
+    gate: Arc<Gate>,
+    routes: Routes,
+    peer: SocketAddr,
+) -> impl tower::Service<
+    http::Request<Incoming>,
+    Response = http::Response<tonic::body::Body>,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<http::Response<tonic::body::Body>, std::convert::Infallible>>
+             + Send,
+> + Clone
++ Send {
+    tower::service_fn(move |mut request: http::Request<Incoming>| {
+        let checked = gate.check(&mut request, peer);
+        let routes = routes.clone();
+        let gate = gate.clone();
+        async move {
+            let passed = match checked {
+                Ok(passed) => passed,
+                Err(refused) => {
+                    let rpc = access::method_label(request.uri().path());
+                    observe::request(rpc, refused.status.code(), refused.arrival.elapsed());
+                    return Ok(refused.status.into_http());
+                }
+            };
+            let Some(stay) = passed.stay else {
+                return routes.oneshot(request).await;
+            };
+            match tokio::time::timeout(stay, routes.oneshot(request)).await {
+                Ok(answer) => answer,
+                Err(_) => Ok(gate.outstayed(&passed, stay).into_http()),
+            }
+        }
+    })
+}
+
+/// One accepted connection and what serves it.
+struct Connection {
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    peer: SocketAddr,
+}
+
+impl Connection {
+    /// Completes the TLS handshake within [`TLS_HANDSHAKE_TIMEOUT`], then serves.
+    async fn serve_tls<S>(
+        self,
+        tls: TlsAcceptor,
+        stream: TcpStream,
+        service: S,
+        handshakes_failed: &DoublingLog,
+    ) where
+        S: HttpService,
+        S::Future: Send + 'static,
+    {
+        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+            Ok(Ok(stream)) => self.serve(stream, service).await,
+            failed => {
+                observe::tls_handshake_failed();
+                let error = match failed {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => format!("no handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
+                };
+                if let Some(total) = handshakes_failed.record() {
+                    warn!(total, peer = %self.peer, %error, "TLS handshake failed");
+                }
+            }
+        }
+    }
+
+    /// Serves the connection (plain or TLS) until it ends or the server drains.
+    async fn serve<IO, S>(self, io: IO, service: S)
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: HttpService,
+        S::Future: Send + 'static,
+    {
+        let connection = self
+            .watcher
+            .watch(self.http2.serve_connection(TokioIo::new(io), service));
+        if let Err(error) = connection.await {
+            debug!(%error, peer = %self.peer, "connection ended with an error");
+        }
+    }
+}
+
+/// The hyper service every connection is served with.
+trait HttpService:
+    hyper::service::Service<
+        http::Request<Incoming>,
+        Response = http::Response<tonic::body::Body>,
+        Error = std::convert::Infallible,
+    > + Send
+    + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: hyper::service::Service<
+            http::Request<Incoming>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Send
+        + 'static
+{
 }
 
 /// How long an admitted prefix query may stay: its `grpc-timeout`, at most
@@ -189,9 +316,8 @@ fn admitted_budget(headers: &http::HeaderMap) -> Duration {
 pub fn serve_on_own_thread(
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
-    access: Access,
     stop: tokio_util::sync::CancellationToken,
-) -> std::io::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+) -> std::io::Result<std::thread::JoinHandle<Result<(), StartError>>> {
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -200,37 +326,14 @@ pub fn serve_on_own_thread(
         .name("kv-indexer-apply".into())
         .spawn(move || {
             runtime.block_on(async move {
-                let listener =
-                    TcpListener::from_std(listener).context("registering the apply listener")?;
-                serve(listener, shared, access, stop.cancelled_owned()).await
+                let listener = TcpListener::from_std(listener).map_err(StartError::Register)?;
+                run(listener, shared, stop.cancelled_owned()).await
             })
         })
 }
 
-/// Serves one accepted connection (plain or TLS) until it ends or the server drains.
-async fn serve_connection<IO, S>(
-    http2: &hyper::server::conn::http2::Builder<TokioExecutor>,
-    watcher: hyper_util::server::graceful::Watcher,
-    io: IO,
-    service: S,
-    peer: std::net::SocketAddr,
-) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::HttpService<Incoming> + Send + 'static,
-    S::Future: Send + 'static,
-    S::ResBody: Send + 'static,
-    <S::ResBody as hyper::body::Body>::Data: Send,
-    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let connection = watcher.watch(http2.serve_connection(TokioIo::new(io), service));
-    if let Err(error) = connection.await {
-        debug!(%error, %peer, "connection ended with an error");
-    }
-}
-
 /// The gRPC services: the Indexer, health (SERVING from the start) and reflection.
-async fn routes(shared: Arc<Shared>) -> anyhow::Result<Routes> {
+async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
     let indexer = KvIndexerServer::new(IndexerService::new(shared))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -247,11 +350,11 @@ async fn routes(shared: Arc<Shared>) -> anyhow::Result<Routes> {
     routes
         .add_service(indexer)
         .add_service(health_service)
-        .add_service(reflection().build_v1().context("building reflection v1")?)
+        .add_service(reflection().build_v1().map_err(StartError::Reflection)?)
         .add_service(
             reflection()
                 .build_v1alpha()
-                .context("building reflection v1alpha")?,
+                .map_err(StartError::Reflection)?,
         );
     Ok(routes.routes())
 }
@@ -259,4 +362,109 @@ async fn routes(shared: Arc<Shared>) -> anyhow::Result<Routes> {
 /// Shared state for a server with `config`.
 pub fn shared(config: &Config) -> Arc<Shared> {
     Arc::new(Shared::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::{Access, Tokens};
+    use crate::service::Admission;
+
+    const APPLY: &str = "/kv_indexer.v1.KVIndexer/ApplyExternalKvBatch";
+    const PEER: &str = "127.0.0.1:9";
+
+    fn gate(limit: usize, tokens: Tokens) -> Gate {
+        let config = Config {
+            prefix_query_max_inflight: limit,
+            access: Access {
+                tokens,
+                ..Access::default()
+            },
+            ..Config::default()
+        };
+        Gate::new(shared(&config))
+    }
+
+    fn request(path: &str, headers: &[(&str, &str)]) -> http::Request<()> {
+        let mut builder = http::Request::builder().uri(path);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    fn check(gate: &Gate, request: &mut http::Request<()>) -> Result<Passed, Refused> {
+        gate.check(request, PEER.parse().unwrap())
+    }
+
+    #[test]
+    fn stamps_the_arrival_of_every_passed_request() {
+        let gate = gate(1, Tokens::default());
+        let mut apply = request(APPLY, &[]);
+        let passed = check(&gate, &mut apply).unwrap();
+        assert_eq!(
+            apply.extensions().get::<Arrival>().unwrap().0,
+            passed.arrival
+        );
+        assert_eq!(passed.stay, None);
+        assert!(apply.extensions().get::<Admission>().is_none());
+    }
+
+    #[test]
+    fn admits_prefix_queries_up_to_the_bound_and_refuses_the_next() {
+        let gate = gate(2, Tokens::default());
+        let mut first = request(PREFIX_PATH, &[]);
+        let mut second = request(PREFIX_PATH, &[]);
+        check(&gate, &mut first).unwrap();
+        check(&gate, &mut second).unwrap();
+        assert!(first.extensions().get::<Admission>().is_some());
+        assert_eq!(gate.shared.prefix_queries_in_flight(), 2);
+        let refused = check(&gate, &mut request(PREFIX_PATH, &[])).unwrap_err();
+        assert_eq!(refused.status.code(), tonic::Code::ResourceExhausted);
+        // Applies take no permit, so the bound never refuses them.
+        check(&gate, &mut request(APPLY, &[])).unwrap();
+        drop(first);
+        assert_eq!(gate.shared.prefix_queries_in_flight(), 1);
+        check(&gate, &mut request(PREFIX_PATH, &[])).unwrap();
+    }
+
+    #[test]
+    fn refuses_a_wrong_token_before_admission() {
+        let gate = gate(1, Tokens::new(None, Some("r")).unwrap());
+        let refused = check(&gate, &mut request(PREFIX_PATH, &[])).unwrap_err();
+        assert_eq!(refused.status.code(), tonic::Code::Unauthenticated);
+        assert_eq!(gate.shared.prefix_queries_in_flight(), 0);
+        let mut with_token = request(PREFIX_PATH, &[("authorization", "Bearer r")]);
+        check(&gate, &mut with_token).unwrap();
+        assert_eq!(gate.shared.prefix_queries_in_flight(), 1);
+    }
+
+    #[test]
+    fn bounds_an_admitted_query_by_its_deadline_at_most_the_maximum() {
+        let gate = gate(8, Tokens::default());
+        let stay = |headers: &[(&str, &str)]| {
+            check(&gate, &mut request(PREFIX_PATH, headers))
+                .unwrap()
+                .stay
+        };
+        assert_eq!(stay(&[]), Some(PREFIX_QUERY_MAX_TIME));
+        assert_eq!(
+            stay(&[("grpc-timeout", "250m")]),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(stay(&[("grpc-timeout", "1H")]), Some(PREFIX_QUERY_MAX_TIME));
+        assert_eq!(
+            stay(&[("grpc-timeout", "bogus")]),
+            Some(PREFIX_QUERY_MAX_TIME)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_outstayed_query_is_answered_deadline_exceeded_and_counted() {
+        let gate = gate(1, Tokens::default());
+        let passed = check(&gate, &mut request(PREFIX_PATH, &[])).unwrap();
+        let status = gate.outstayed(&passed, Duration::from_millis(5));
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+        assert_eq!(gate.shared.shed_and_rejected().0, 1);
+    }
 }

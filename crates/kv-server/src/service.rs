@@ -7,16 +7,19 @@
 //! the runtime, and applies, which take no permit, keep their latency.
 //!
 //! Locking: one `parking_lot::RwLock` around the index. Applies take the write lock (one apply
-//! is atomic); queries take the read lock (one query sees one state). Nothing that may wait
-//! long runs on the async worker threads:
+//! is atomic); queries take the read lock (one query sees one state). No async worker thread
+//! ever waits for the lock:
 //! - applies, hit-counting matches and long prefix scans run on the blocking pool;
-//! - short queries run inline with `read_recursive`, which does not queue behind a waiting
-//!   writer, so a long scan holding the read lock with an apply waiting behind it does not
-//!   stall them.
+//! - a short query tries the read lock inline (`try_read`, which never waits) and, when a
+//!   writer holds it or waits for it, goes to the blocking pool and waits there. parking_lot's
+//!   lock is task-fair: a waiting writer stops new readers, so a stream of queries cannot
+//!   starve the applies (`read_recursive`, used before, let readers overtake a waiting writer).
+//! - A panic inside an apply (a bug) aborts the process before the write lock is released: a
+//!   half-applied index is never served (see [`AbortOnPanic`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kv_index::{Index, IndexStats, validate_lookup, validate_prefix};
 use kv_indexer_proto::v1 as pb;
@@ -26,6 +29,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
+use crate::access::Access;
 use crate::config::Config;
 use crate::deadline::{Arrival, deadline};
 use crate::error::ServerError;
@@ -45,11 +49,15 @@ pub struct Shared {
     shed: DoublingLog,
     rejected: DoublingLog,
     prefix_scans: AtomicU64,
+    access: Access,
+    drain_timeout: Duration,
 }
 
 impl Shared {
     pub fn new(config: &Config) -> Shared {
         Shared {
+            access: config.access.clone(),
+            drain_timeout: config.drain_timeout,
             index: RwLock::new(Index::new()),
             admission: Arc::new(Semaphore::new(config.prefix_query_max_inflight)),
             limit: config.prefix_query_max_inflight,
@@ -59,9 +67,63 @@ impl Shared {
         }
     }
 
-    /// Sizes of the index now.
+    /// Who may connect and call: the configured TLS and tokens.
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// How long a shutdown waits for open connections.
+    pub fn drain_timeout(&self) -> Duration {
+        self.drain_timeout
+    }
+
+    /// Sizes of the index now (waits for the read lock: not for async worker threads).
     pub fn index_stats(&self) -> IndexStats {
-        self.index.read_recursive().stats()
+        self.index.read().stats()
+    }
+
+    /// Runs `query` on the index under the read lock: inline when the lock is free at once,
+    /// else on the blocking pool, so that an async worker thread never waits for a writer.
+    async fn read<T, F>(self: &Arc<Self>, query: F) -> Result<T, ServerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Shared, &Index) -> T + Send + 'static,
+    {
+        if let Some(index) = self.index.try_read() {
+            return Ok(query(self, &index));
+        }
+        self.read_blocking(query).await
+    }
+
+    /// Runs `query` under the read lock on the blocking pool.
+    async fn read_blocking<T, F>(self: &Arc<Self>, query: F) -> Result<T, ServerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Shared, &Index) -> T + Send + 'static,
+    {
+        let shared = self.clone();
+        tokio::task::spawn_blocking(move || query(&shared, &shared.index.read()))
+            .await
+            .map_err(ServerError::Task)
+    }
+
+    /// Runs `change` under the write lock on the blocking pool; a panic inside it aborts the
+    /// process before the lock is released.
+    async fn write<T, F>(self: &Arc<Self>, change: F) -> Result<T, ServerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Index) -> T + Send + 'static,
+    {
+        let shared = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut index = shared.index.write();
+            let abort = AbortOnPanic("changing the index");
+            let result = change(&mut index);
+            drop(abort);
+            result
+        })
+        .await
+        .map_err(ServerError::Task)
     }
 
     /// Holds the index's write lock until the guard is dropped: queries and applies wait, while
@@ -139,6 +201,28 @@ impl Shared {
     }
 }
 
+/// Aborts the process when dropped by a panic's unwinding: held while the index is being
+/// changed, where an unwinding panic would release the write lock over a half-applied index
+/// that every later query would be served from. Aborting instead leaves recovery to a restart
+/// (with the bridges' resync, the index then under-claims, never over-claims).
+pub struct AbortOnPanic(pub &'static str);
+
+impl Drop for AbortOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(
+                during = self.0,
+                "panic while the index was half-changed: aborting rather than serving it"
+            );
+            eprintln!(
+                "kv-indexer-server: panic while {}: aborting rather than serving a half-changed index",
+                self.0
+            );
+            std::process::abort();
+        }
+    }
+}
+
 /// A prefix query's admission permit, taken when its request arrived; released when dropped.
 #[derive(Debug, Clone)]
 pub struct Admission(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
@@ -159,14 +243,13 @@ impl IndexerService {
         request: pb::ApplyExternalKvBatchRequest,
     ) -> Result<pb::ApplyExternalKvBatchResponse, ServerError> {
         let batch = convert::apply_request(request).validate()?;
-        let shared = self.shared.clone();
-        let stats = tokio::task::spawn_blocking(move || {
-            let mut index = shared.index.write();
-            index.apply(&batch);
-            index.stats()
-        })
-        .await
-        .map_err(ServerError::Task)?;
+        let stats = self
+            .shared
+            .write(move |index| {
+                index.apply(&batch);
+                index.stats()
+            })
+            .await?;
         observe::index_size(stats);
         Ok(pb::ApplyExternalKvBatchResponse {})
     }
@@ -186,22 +269,17 @@ impl IndexerService {
         shared.check_deadline(deadline)?;
         let request = request.into_inner();
         validate_prefix(&request.hashes)?;
-        if request.hashes.len() <= INLINE_PREFIX_HASHES {
-            let index = shared.index.read_recursive();
-            shared.check_deadline(deadline)?;
-            let response = shared.prefix_scan(&request, &index);
-            drop(permit);
-            return response;
-        }
-        let shared = shared.clone();
-        tokio::task::spawn_blocking(move || {
+        let long = request.hashes.len() > INLINE_PREFIX_HASHES;
+        let scan = move |shared: &Shared, index: &Index| {
             let _permit = permit;
             shared.check_deadline(deadline)?;
-            let index = shared.index.read();
-            shared.prefix_scan(&request, &index)
-        })
-        .await
-        .map_err(ServerError::Task)?
+            shared.prefix_scan(&request, index)
+        };
+        if long {
+            shared.read_blocking(scan).await?
+        } else {
+            shared.read(scan).await?
+        }
     }
 
     async fn match_kv(
@@ -209,35 +287,30 @@ impl IndexerService {
         request: pb::MatchExternalKvRequest,
     ) -> Result<pb::MatchExternalKvResponse, ServerError> {
         validate_lookup(&request.hashes)?;
-        if !request.count_as_hit {
-            let matches = self
-                .shared
-                .index
-                .read_recursive()
-                .match_kv(&request.hashes)?;
-            return Ok(convert::match_response(matches));
-        }
-        let shared = self.shared.clone();
-        let matches = tokio::task::spawn_blocking(move || {
-            let mut index = shared.index.write();
-            let matches = index.match_kv(&request.hashes)?;
-            index.count_hits(&request.hashes);
-            Ok::<_, ServerError>(matches)
-        })
-        .await
-        .map_err(ServerError::Task)??;
+        let matches = if request.count_as_hit {
+            self.shared
+                .write(move |index| {
+                    let matches = index.match_kv(&request.hashes)?;
+                    index.count_hits(&request.hashes);
+                    Ok::<_, ServerError>(matches)
+                })
+                .await??
+        } else {
+            self.shared
+                .read(move |_, index| index.match_kv(&request.hashes))
+                .await??
+        };
         Ok(convert::match_response(matches))
     }
 
-    fn hit_counts(
+    async fn hit_counts(
         &self,
         request: pb::GetExternalKvHitCountsRequest,
     ) -> Result<pb::GetExternalKvHitCountsResponse, ServerError> {
         let entries = self
             .shared
-            .index
-            .read_recursive()
-            .hit_counts(&request.hashes)?;
+            .read(move |_, index| index.hit_counts(&request.hashes))
+            .await??;
         Ok(convert::hit_counts_response(entries))
     }
 }
@@ -299,7 +372,58 @@ impl KvIndexer for IndexerService {
         request: Request<pb::GetExternalKvHitCountsRequest>,
     ) -> Result<Response<pb::GetExternalKvHitCountsResponse>, Status> {
         let start = arrival(&request);
-        let result = self.hit_counts(request.into_inner());
+        let result = self.hit_counts(request.into_inner()).await;
         finish("GetExternalKvHitCounts", start, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set in the child process of `a_panic_while_changing_the_index_aborts`.
+    const CHILD: &str = "KV_SERVER_TEST_PANIC_CHILD";
+
+    #[test]
+    fn a_panic_while_changing_the_index_aborts() {
+        if std::env::var_os(CHILD).is_some() {
+            let _abort = AbortOnPanic("a test apply");
+            panic!("a bug inside an apply");
+        }
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "service::tests::a_panic_while_changing_the_index_aborts",
+            ])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(output.status.signal(), Some(6), "not aborted: {stderr}");
+        assert!(stderr.contains("aborting rather than serving"), "{stderr}");
+    }
+
+    #[test]
+    fn the_guard_does_nothing_without_a_panic() {
+        let guard = AbortOnPanic("a test apply");
+        drop(guard);
+    }
+
+    #[tokio::test]
+    #[allow(clippy::await_holding_lock)] // holding the write lock over the await is the case
+    async fn a_query_goes_to_the_blocking_pool_while_a_writer_holds_the_lock() {
+        let shared = Arc::new(Shared::new(&Config::default()));
+        let held = shared.lock_index();
+        let query = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.read(|_, index| index.stats().workers).await }
+        });
+        // The runtime thread is not blocked: this task runs while the lock is held.
+        tokio::task::yield_now().await;
+        assert!(!query.is_finished());
+        drop(held);
+        assert_eq!(query.await.unwrap().unwrap(), 0);
     }
 }

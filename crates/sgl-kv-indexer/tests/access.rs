@@ -8,11 +8,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kv_indexer_client::client::transport_is_unavailable;
+use kv_indexer_client::client::{error_chain, transport_is_unavailable};
 use kv_indexer_client::security::Grpc;
 use kv_indexer_client::{ClientConfig, ClientSecurity, Endpoint, IndexerClient, PrefixOutcome};
 use kv_indexer_proto::v1 as pb;
-use kv_server::access::Access;
 use kv_server::{Args, Config, Shared, server};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -86,15 +85,13 @@ async fn start(flags: &[String]) -> Running {
     let mut argv = vec!["kv-indexer-server".to_string()];
     argv.extend_from_slice(flags);
     let args = <Args as clap::Parser>::try_parse_from(argv).unwrap();
-    let access = Access::from_args(&args).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let shared = server::shared(&Config::from(&args));
+    let shared = server::shared(&Config::from_args(&args).unwrap());
     let stop = CancellationToken::new();
-    tokio::spawn(server::serve(
+    tokio::spawn(server::run(
         listener,
         shared.clone(),
-        access,
         stop.clone().cancelled_owned(),
     ));
     Running { addr, shared, stop }
@@ -364,7 +361,7 @@ async fn bad_tls_settings_are_refused_at_start_naming_the_setting() {
         let mut argv = vec!["kv-indexer-server".to_string()];
         argv.extend(flags);
         let args = <Args as clap::Parser>::try_parse_from(argv).unwrap();
-        let error = format!("{:#}", Access::from_args(&args).unwrap_err());
+        let error = error_chain(&Config::from_args(&args).unwrap_err());
         assert!(error.contains(needle), "{error:?} lacks {needle:?}");
     };
     let path = |name: &str| dir.join(name).display().to_string();

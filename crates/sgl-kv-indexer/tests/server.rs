@@ -431,6 +431,7 @@ fn spawn_prefix_queries(
 async fn rejects_the_query_over_the_inflight_bound_at_once() {
     let server = TestServer::start(Config {
         prefix_query_max_inflight: 2,
+        ..Config::default()
     })
     .await;
     let mut client = server.client();
@@ -540,6 +541,7 @@ async fn keeps_applying_while_queries_are_shed() {
 async fn a_query_flood_refuses_the_surplus_and_never_an_apply() {
     let server = TestServer::start(Config {
         prefix_query_max_inflight: 2,
+        ..Config::default()
     })
     .await;
     let mut client = server.client();
@@ -707,13 +709,8 @@ async fn a_second_listener_on_its_own_thread_serves_the_same_index() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    let thread = server::serve_on_own_thread(
-        listener,
-        server.shared.clone(),
-        kv_server::access::Access::default(),
-        stop.clone(),
-    )
-    .unwrap();
+    let thread =
+        server::serve_on_own_thread(listener, server.shared.clone(), stop.clone()).unwrap();
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -759,6 +756,7 @@ impl hyper::body::Body for NeverEnds {
 async fn a_query_whose_body_never_comes_loses_its_permit_at_its_deadline() {
     let server = TestServer::start(Config {
         prefix_query_max_inflight: 1,
+        ..Config::default()
     })
     .await;
     let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();

@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use kv_indexer_proto::MAX_MESSAGE_BYTES;
+use kv_indexer_client::security::Grpc;
+use kv_indexer_client::{ClientSecurity, Credentials};
 use kv_indexer_proto::v1 as pb;
-use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 #[derive(Debug, Parser)]
 #[command(name = "kv-indexer-loadgen", about)]
@@ -77,14 +77,32 @@ struct Args {
     timeout_ms: u64,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// TLS and token, as every client of the Indexer takes them.
+    #[command(flatten)]
+    security: ClientSecurity,
 }
 
-type Client = KvIndexerClient<Channel>;
+type Client = Grpc;
 
-fn client(channel: &Channel) -> Client {
-    KvIndexerClient::new(channel.clone())
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+/// Connections to one address, made as every client of the Indexer makes them.
+struct Connector {
+    credentials: Credentials,
+}
+
+impl Connector {
+    async fn connect(&self, address: &str) -> anyhow::Result<Channel> {
+        self.credentials
+            .endpoint(address)
+            .with_context(|| format!("endpoint {address}"))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {address}"))
+    }
+
+    fn client(&self, channel: &Channel) -> Client {
+        self.credentials.client(channel.clone())
+    }
 }
 
 fn report(worker: String, hashes: Vec<i64>) -> pb::ApplyExternalKvBatchRequest {
@@ -135,6 +153,9 @@ fn prompts(args: &Args, rng: &mut StdRng) -> Vec<Arc<Vec<i64>>> {
         .collect()
 }
 
+/// Latencies (µs) of one background task, by its label.
+type Background = JoinSet<anyhow::Result<(&'static str, Vec<u64>)>>;
+
 #[derive(Default)]
 struct Tally {
     /// Latency in µs by outcome: "OK" or the status code.
@@ -146,6 +167,57 @@ struct Tally {
 impl Tally {
     fn ok(&self) -> u64 {
         self.latencies_us.get("OK").map_or(0, |l| l.len() as u64)
+    }
+
+    fn record(
+        &mut self,
+        result: Result<pb::MatchExternalKvPrefixResponse, tonic::Status>,
+        latency: u64,
+    ) {
+        let outcome = match result {
+            Ok(answer) => {
+                self.best_prefix_sum += u64::from(answer.best_prefix_blocks);
+                self.blocks_read_sum += u64::from(answer.blocks_read);
+                "OK".to_string()
+            }
+            Err(status) => format!("{:?}", status.code()),
+        };
+        self.latencies_us.entry(outcome).or_default().push(latency);
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.best_prefix_sum += other.best_prefix_sum;
+        self.blocks_read_sum += other.blocks_read_sum;
+        for (outcome, latencies) in other.latencies_us {
+            self.latencies_us
+                .entry(outcome)
+                .or_default()
+                .extend(latencies);
+        }
+    }
+
+    fn print(&mut self, elapsed: f64) {
+        let sent: usize = self.latencies_us.values().map(Vec::len).sum();
+        let ok = self.ok();
+        println!(
+            "prefix queries: {sent} sent ({:.0}/s), {ok} ok ({:.0} ok/s); mean best prefix {:.0} blocks, mean blocks_read {:.0}",
+            sent as f64 / elapsed,
+            ok as f64 / elapsed,
+            self.best_prefix_sum as f64 / ok.max(1) as f64,
+            self.blocks_read_sum as f64 / ok.max(1) as f64
+        );
+        for (outcome, latencies) in &mut self.latencies_us {
+            latencies.sort_unstable();
+            println!(
+                "  {outcome:>17}: {:>8} ({:5.1}%)  latency µs p50 {} p99 {} p999 {} max {}",
+                latencies.len(),
+                100.0 * latencies.len() as f64 / sent.max(1) as f64,
+                percentile(latencies, 50.0),
+                percentile(latencies, 99.0),
+                percentile(latencies, 99.9),
+                latencies.last().copied().unwrap_or(0)
+            );
+        }
     }
 }
 
@@ -168,31 +240,67 @@ async fn main() -> anyhow::Result<()> {
         args.concurrency > 0 && args.connections > 0,
         "--concurrency and --connections must be positive"
     );
-    let endpoint = Endpoint::from_shared(args.endpoint.clone())
-        .with_context(|| format!("--endpoint {}", args.endpoint))?
-        .tcp_nodelay(true);
+    let connector = Connector {
+        credentials: args.security.load().context("TLS or token settings")?,
+    };
     let mut channels = Vec::new();
     for _ in 0..args.connections {
-        channels.push(
-            endpoint
-                .connect()
-                .await
-                .with_context(|| format!("connecting to {}", args.endpoint))?,
-        );
+        channels.push(connector.connect(&args.endpoint).await?);
     }
     let mut rng = StdRng::seed_from_u64(args.seed);
     let prompts = prompts(&args, &mut rng);
+    let mut loader = connector.client(&channels[0]);
+    preload(&args, &prompts, &mut loader, &mut rng).await?;
 
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut background = JoinSet::new();
+    let ingested = Arc::new(AtomicU64::new(0));
+    if args.ingest_ops > 0 {
+        // A connection of its own, as a bridge has: applies never wait behind queries here.
+        let address = args.ingest_endpoint.as_ref().unwrap_or(&args.endpoint);
+        let client = connector.client(&connector.connect(address).await?);
+        let churn = Churn {
+            batch: args.ingest_batch.max(1),
+            ops: args.ingest_ops,
+        };
+        background.spawn(churn.run(client, stop.clone(), ingested.clone()));
+    }
+    if args.background_scan_blocks > 0 {
+        let client = connector.client(&channels[channels.len() - 1]);
+        spawn_background_scan(&mut background, &args, &mut loader, client, stop.clone()).await?;
+    }
+
+    let start = Instant::now();
+    let mut total = query(&args, &connector, &channels, prompts, start).await?;
+    let elapsed = start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    total.print(elapsed);
+    if args.ingest_ops > 0 {
+        println!(
+            "ingest: {:.2} M block-ops/s achieved (target {:.2} M)",
+            ingested.load(Ordering::Relaxed) as f64 / elapsed / 1e6,
+            args.ingest_ops as f64 / 1e6
+        );
+    }
+    print_background(background).await
+}
+
+/// Reports every prompt whole for one worker and cut at random for two more.
+async fn preload(
+    args: &Args,
+    prompts: &[Arc<Vec<i64>>],
+    loader: &mut Client,
+    rng: &mut StdRng,
+) -> anyhow::Result<()> {
     let preload = Instant::now();
-    let mut loader = client(&channels[0]);
     let mut preloaded = 0usize;
     for (p, prompt) in prompts.iter().enumerate() {
-        report_all(&mut loader, &format!("worker-{}", p % args.workers), prompt).await?;
+        report_all(loader, &format!("worker-{}", p % args.workers), prompt).await?;
         preloaded += prompt.len();
         for _ in 0..2 {
             let holder = rng.random_range(0..args.workers);
             let cut = rng.random_range(1..=prompt.len());
-            report_all(&mut loader, &format!("worker-{holder}"), &prompt[..cut]).await?;
+            report_all(loader, &format!("worker-{holder}"), &prompt[..cut]).await?;
             preloaded += cut;
         }
     }
@@ -203,88 +311,98 @@ async fn main() -> anyhow::Result<()> {
         preload.as_secs_f64(),
         preloaded as f64 / preload.as_secs_f64() / 1e6
     );
+    Ok(())
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut background = JoinSet::new();
-    let ingested = Arc::new(AtomicU64::new(0));
-    if args.ingest_ops > 0 {
-        // A connection of its own, as a bridge has: applies never wait behind queries here.
-        let address = args.ingest_endpoint.as_ref().unwrap_or(&args.endpoint);
-        let own = Endpoint::from_shared(address.clone())
-            .with_context(|| format!("--ingest-endpoint {address}"))?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {address}"))?;
-        let mut client = client(&own);
-        let (stop, ingested, batch, ops) = (
-            stop.clone(),
-            ingested.clone(),
-            args.ingest_batch.max(1),
-            args.ingest_ops,
-        );
-        background.spawn(async move {
-            // REPORT a batch, then REVOKE it: two applies of `batch` block-ops each.
-            let per_pair = Duration::from_secs_f64(2.0 * batch as f64 / ops as f64);
-            let mut ticker = tokio::time::interval(per_pair);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            let mut next: i64 = i64::MIN;
-            let mut latencies = Vec::new();
-            let mut refused = std::collections::BTreeMap::<String, u64>::new();
-            while !stop.load(Ordering::Relaxed) {
-                ticker.tick().await;
-                let hashes: Vec<i64> = (next..next + batch as i64).collect();
-                next += batch as i64;
-                let worker = format!("churn-{}", next % 16);
-                for request in [
-                    report(worker.clone(), hashes.clone()),
-                    apply(worker, pb::ExternalKvActionType::ActionRevoke, hashes),
-                ] {
-                    let start = Instant::now();
-                    let result = client.apply_external_kv_batch(request).await;
-                    latencies.push(start.elapsed().as_micros() as u64);
-                    match result {
-                        Ok(_) => {
-                            ingested.fetch_add(batch as u64, Ordering::Relaxed);
-                        }
-                        Err(status) => {
-                            *refused.entry(format!("{:?}", status.code())).or_default() += 1;
-                        }
+/// REPORT/REVOKE churn by workers of its own: `ops` block-ops/s in applies of `batch` hashes.
+struct Churn {
+    batch: usize,
+    ops: u64,
+}
+
+impl Churn {
+    async fn run(
+        self,
+        mut client: Client,
+        stop: Arc<AtomicBool>,
+        ingested: Arc<AtomicU64>,
+    ) -> anyhow::Result<(&'static str, Vec<u64>)> {
+        let batch = self.batch;
+        // REPORT a batch, then REVOKE it: two applies of `batch` block-ops each.
+        let per_pair = Duration::from_secs_f64(2.0 * batch as f64 / self.ops as f64);
+        let mut ticker = tokio::time::interval(per_pair);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut next: i64 = i64::MIN;
+        let mut latencies = Vec::new();
+        let mut refused = std::collections::BTreeMap::<String, u64>::new();
+        while !stop.load(Ordering::Relaxed) {
+            ticker.tick().await;
+            let hashes: Vec<i64> = (next..next + batch as i64).collect();
+            next += batch as i64;
+            let worker = format!("churn-{}", next % 16);
+            for request in [
+                report(worker.clone(), hashes.clone()),
+                apply(worker, pb::ExternalKvActionType::ActionRevoke, hashes),
+            ] {
+                let start = Instant::now();
+                let result = client.apply_external_kv_batch(request).await;
+                latencies.push(start.elapsed().as_micros() as u64);
+                match result {
+                    Ok(_) => {
+                        ingested.fetch_add(batch as u64, Ordering::Relaxed);
+                    }
+                    Err(status) => {
+                        *refused.entry(format!("{:?}", status.code())).or_default() += 1;
                     }
                 }
             }
-            println!("applies refused, by code: {refused:?}");
-            Ok::<_, anyhow::Error>(("apply (REPORT or REVOKE)", latencies))
-        });
+        }
+        println!("applies refused, by code: {refused:?}");
+        Ok(("apply (REPORT or REVOKE)", latencies))
     }
-    if args.background_scan_blocks > 0 {
-        let big: Vec<i64> = (0..args.background_scan_blocks as i64)
-            .map(|i| i ^ 0x5bd1_e995)
-            .collect();
-        report_all(&mut loader, "big-prompt-holder", &big).await?;
-        let mut client = client(&channels[channels.len() - 1]);
-        let stop = stop.clone();
-        background.spawn(async move {
-            let mut latencies = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let start = Instant::now();
-                let request = pb::MatchExternalKvPrefixRequest {
-                    hashes: big.clone(),
-                    max_blocks: 0,
-                };
-                client.match_external_kv_prefix(request).await?;
-                latencies.push(start.elapsed().as_micros() as u64);
-            }
-            Ok(("background scan", latencies))
-        });
-    }
+}
 
-    let start = Instant::now();
+/// Reports one huge prompt and keeps a scan of it running until `stop`.
+async fn spawn_background_scan(
+    background: &mut Background,
+    args: &Args,
+    loader: &mut Client,
+    mut client: Client,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    let big: Vec<i64> = (0..args.background_scan_blocks as i64)
+        .map(|i| i ^ 0x5bd1_e995)
+        .collect();
+    report_all(loader, "big-prompt-holder", &big).await?;
+    background.spawn(async move {
+        let mut latencies = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let start = Instant::now();
+            let request = pb::MatchExternalKvPrefixRequest {
+                hashes: big.clone(),
+                max_blocks: 0,
+            };
+            client.match_external_kv_prefix(request).await?;
+            latencies.push(start.elapsed().as_micros() as u64);
+        }
+        Ok(("background scan", latencies))
+    });
+    Ok(())
+}
+
+/// Runs `--concurrency` queriers for `--duration-secs` and merges their tallies.
+async fn query(
+    args: &Args,
+    connector: &Connector,
+    channels: &[Channel],
+    prompts: Vec<Arc<Vec<i64>>>,
+    start: Instant,
+) -> anyhow::Result<Tally> {
     let deadline = start + Duration::from_secs(args.duration_secs);
     let issued = Arc::new(AtomicU64::new(0));
     let mut queriers = JoinSet::new();
     for q in 0..args.concurrency {
-        let mut client = client(&channels[q % channels.len()]);
+        let mut client = connector.client(&channels[q % channels.len()]);
         let (prompts, issued) = (prompts.clone(), issued.clone());
         let (qps, timeout) = (args.qps, Duration::from_millis(args.timeout_ms));
         let mut rng = StdRng::seed_from_u64(args.seed + 1 + q as u64);
@@ -308,64 +426,19 @@ async fn main() -> anyhow::Result<()> {
                 let sent = Instant::now();
                 let result = client.match_external_kv_prefix(request).await;
                 let latency = sent.elapsed().as_micros() as u64;
-                let outcome = match result {
-                    Ok(answer) => {
-                        let answer = answer.into_inner();
-                        tally.best_prefix_sum += u64::from(answer.best_prefix_blocks);
-                        tally.blocks_read_sum += u64::from(answer.blocks_read);
-                        "OK".to_string()
-                    }
-                    Err(status) => format!("{:?}", status.code()),
-                };
-                tally.latencies_us.entry(outcome).or_default().push(latency);
+                tally.record(result.map(tonic::Response::into_inner), latency);
             }
             tally
         });
     }
     let mut total = Tally::default();
     while let Some(tally) = queriers.join_next().await {
-        let tally = tally?;
-        total.best_prefix_sum += tally.best_prefix_sum;
-        total.blocks_read_sum += tally.blocks_read_sum;
-        for (outcome, latencies) in tally.latencies_us {
-            total
-                .latencies_us
-                .entry(outcome)
-                .or_default()
-                .extend(latencies);
-        }
+        total.merge(tally?);
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
+    Ok(total)
+}
 
-    let sent: usize = total.latencies_us.values().map(Vec::len).sum();
-    println!(
-        "prefix queries: {sent} sent ({:.0}/s), {} ok ({:.0} ok/s); mean best prefix {:.0} blocks, mean blocks_read {:.0}",
-        sent as f64 / elapsed,
-        total.ok(),
-        total.ok() as f64 / elapsed,
-        total.best_prefix_sum as f64 / total.ok().max(1) as f64,
-        total.blocks_read_sum as f64 / total.ok().max(1) as f64
-    );
-    for (outcome, latencies) in &mut total.latencies_us {
-        latencies.sort_unstable();
-        println!(
-            "  {outcome:>17}: {:>8} ({:5.1}%)  latency µs p50 {} p99 {} p999 {} max {}",
-            latencies.len(),
-            100.0 * latencies.len() as f64 / sent.max(1) as f64,
-            percentile(latencies, 50.0),
-            percentile(latencies, 99.0),
-            percentile(latencies, 99.9),
-            latencies.last().copied().unwrap_or(0)
-        );
-    }
-    if args.ingest_ops > 0 {
-        println!(
-            "ingest: {:.2} M block-ops/s achieved (target {:.2} M)",
-            ingested.load(Ordering::Relaxed) as f64 / elapsed / 1e6,
-            args.ingest_ops as f64 / 1e6
-        );
-    }
+async fn print_background(mut background: Background) -> anyhow::Result<()> {
     while let Some(joined) = background.join_next().await {
         let (label, mut latencies) = joined??;
         latencies.sort_unstable();

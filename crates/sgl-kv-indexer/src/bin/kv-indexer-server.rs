@@ -3,7 +3,6 @@
 use anyhow::Context;
 use clap::Parser;
 use kv_common::{signal, telemetry};
-use kv_server::access::Access;
 use kv_server::{Args, Config, observe, server};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -13,10 +12,9 @@ use tracing::{info, warn};
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init_tracing();
-    let config = Config::from(&args);
-    let access = Access::from_args(&args)?;
+    let config = Config::from_args(&args)?;
     for addr in std::iter::once(args.listen_addr).chain(args.apply_listen_addr) {
-        for warning in access.warnings(addr) {
+        for warning in config.access.warnings(addr) {
             warn!("{warning}");
         }
     }
@@ -43,20 +41,21 @@ async fn main() -> anyhow::Result<()> {
         Some(addr) => {
             let listener = std::net::TcpListener::bind(addr)
                 .with_context(|| format!("binding KV_INDEXER_APPLY_LISTEN_ADDR {addr}"))?;
-            let thread =
-                server::serve_on_own_thread(listener, shared.clone(), access.clone(), stop.clone())
-                    .context("starting the apply listener's thread")?;
+            let thread = server::serve_on_own_thread(listener, shared.clone(), stop.clone())
+                .context("starting the apply listener's thread")?;
             Some(thread)
         }
     };
-    let result = server::serve(listener, shared, access, stop.clone().cancelled_owned()).await;
+    let result = server::run(listener, shared, stop.clone().cancelled_owned()).await;
     stop.cancel();
     if let Some(thread) = apply_thread {
         match thread.join() {
-            Ok(Err(error)) => warn!(%error, "the apply listener failed"),
+            Ok(Err(error)) => {
+                warn!(error = %anyhow::Error::from(error), "the apply listener failed")
+            }
             Err(_) => warn!("the apply listener's thread panicked"),
             Ok(Ok(())) => {}
         }
     }
-    result
+    Ok(result?)
 }
