@@ -18,6 +18,7 @@ pub mod error;
 pub mod observe;
 pub mod server;
 pub mod service;
+pub mod state;
 
 pub use config::{Args, Config};
 pub use server::run;

@@ -1,0 +1,551 @@
+//! The local append-only log: segment files of framed records in a state directory.
+//!
+//! A segment is `log-<first position, 20 digits>.seg`: a header (magic, format version, the
+//! position of its first record), then records framed as `[payload length u32 LE][CRC-32 of
+//! that length u32 LE][CRC-32 of the payload u32 LE][payload]`. A record's position is its
+//! index in the whole log (0, 1, …). The length has a checksum of its own, so that a damaged
+//! length is told from a record cut short by a crash.
+//!
+//! Reading stops at the first frame that does not check. In the last segment, a frame that runs
+//! past the end of the file, or a bad checksum on the very last frame, is a torn write (the
+//! process died mid-append): it is cut, with a WARN. Anything else (a bad frame with more
+//! frames after it, a bad frame in an older segment, a bad header) is corruption, reported with
+//! the file and the byte offset: the log no longer explains the index, so start-up stops.
+//!
+//! The log sits behind [`EventLog`] (append, read from a position, trim), so that a shared log on
+//! another engine can replace the file.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use tracing::{info, warn};
+
+const MAGIC: &[u8; 8] = b"SGLKVLOG";
+const VERSION: u32 = 1;
+const HEADER_LEN: u64 = 8 + 4 + 8;
+const FRAME_LEN: usize = 12;
+/// A record larger than this cannot be one we wrote (an apply is at most 8 MiB on the wire).
+pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
+
+/// What can go wrong with the log; every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("{op} {path:?}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path:?} at byte {offset}: {what}")]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        what: String,
+    },
+    #[error("{path:?}: log format version {version} is newer than this server reads ({VERSION})")]
+    NewerVersion { path: PathBuf, version: u32 },
+    #[error(
+        "the log starts at position {first} but position {wanted} is needed: records were trimmed away"
+    )]
+    Gap { first: u64, wanted: u64 },
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LogError + 'a {
+    move |source| LogError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// An ordered, durable log of records (opaque bytes), read back from any retained position.
+pub trait EventLog: Send {
+    /// Appends `records` in order and writes them out (not yet synced); returns the position
+    /// of the first.
+    fn append(&mut self, records: &[Vec<u8>]) -> Result<u64, LogError>;
+    /// Makes everything appended so far durable (fdatasync).
+    fn sync(&mut self) -> Result<(), LogError>;
+    /// The position the next record will get.
+    fn end(&self) -> u64;
+    /// Every retained record from `position` on, in order, with its position.
+    fn read_from(&self, position: u64) -> Result<Vec<(u64, Vec<u8>)>, LogError>;
+    /// Forgets the records before `position` (whole segments only: some may remain).
+    fn trim_before(&mut self, position: u64) -> Result<(), LogError>;
+}
+
+/// One segment file on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub first: u64,
+    pub path: PathBuf,
+}
+
+/// The segments in `dir`, oldest first.
+pub fn segments(dir: &Path) -> Result<Vec<Segment>, LogError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io("listing", dir))? {
+        let entry = entry.map_err(io("listing", dir))?;
+        let name = entry.file_name();
+        let Some(first) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("log-"))
+            .and_then(|n| n.strip_suffix(".seg"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        found.push(Segment {
+            first,
+            path: entry.path(),
+        });
+    }
+    found.sort_by_key(|s| s.first);
+    Ok(found)
+}
+
+fn segment_path(dir: &Path, first: u64) -> PathBuf {
+    dir.join(format!("log-{first:020}.seg"))
+}
+
+/// The records of one segment, checked. `last` says whether it is the newest segment (where
+/// a torn tail is cut rather than reported); returns the records and the byte length of the
+/// part that checks.
+fn read_segment(segment: &Segment, last: bool) -> Result<(Vec<Vec<u8>>, u64), LogError> {
+    let path = &segment.path;
+    let file = File::open(path).map_err(io("opening", path))?;
+    let size = file.metadata().map_err(io("reading the size of", path))?.len();
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut header = [0u8; HEADER_LEN as usize];
+    if size < HEADER_LEN || reader.read_exact(&mut header).is_err() {
+        if last && size < HEADER_LEN {
+            // A crash right after creating the file, before its header was out.
+            return Ok((Vec::new(), 0));
+        }
+        return Err(corrupt(path, 0, "no segment header"));
+    }
+    check_header(path, &header, segment.first)?;
+    let mut records = Vec::new();
+    let mut offset = HEADER_LEN;
+    while offset < size {
+        match read_frame(&mut reader, size - offset) {
+            Ok(payload) => {
+                offset += (FRAME_LEN + payload.len()) as u64;
+                records.push(payload);
+            }
+            Err(bad) => {
+                let at_tail = bad.runs_past_end || offset + bad.frame_len >= size;
+                if last && at_tail {
+                    warn!(
+                        file = %path.display(),
+                        offset,
+                        reason = bad.what,
+                        "cutting a torn record at the end of the log (the server stopped mid-write)"
+                    );
+                    return Ok((records, offset));
+                }
+                return Err(corrupt(path, offset, bad.what));
+            }
+        }
+    }
+    Ok((records, offset))
+}
+
+fn corrupt(path: &Path, offset: u64, what: impl Into<String>) -> LogError {
+    LogError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        what: what.into(),
+    }
+}
+
+fn check_header(path: &Path, header: &[u8], first: u64) -> Result<(), LogError> {
+    if &header[..8] != MAGIC {
+        return Err(corrupt(path, 0, "not a log segment (bad magic)"));
+    }
+    let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
+    if version > VERSION {
+        return Err(LogError::NewerVersion {
+            path: path.to_path_buf(),
+            version,
+        });
+    }
+    let stored = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes"));
+    if stored != first {
+        return Err(corrupt(
+            path,
+            12,
+            format!("the header says position {stored}, the name {first}"),
+        ));
+    }
+    Ok(())
+}
+
+struct BadFrame {
+    what: &'static str,
+    frame_len: u64,
+    runs_past_end: bool,
+}
+
+fn read_frame(reader: &mut impl Read, remaining: u64) -> Result<Vec<u8>, BadFrame> {
+    let bad = |what, frame_len, runs_past_end| BadFrame {
+        what,
+        frame_len,
+        runs_past_end,
+    };
+    if remaining < FRAME_LEN as u64 {
+        return Err(bad("a frame header cut short", remaining, true));
+    }
+    let mut frame = [0u8; FRAME_LEN];
+    reader
+        .read_exact(&mut frame)
+        .map_err(|_| bad("unreadable frame header", remaining, true))?;
+    let word = |i: usize| u32::from_le_bytes(frame[i..i + 4].try_into().expect("4 bytes"));
+    let (len, len_crc, crc) = (word(0) as usize, word(4), word(8));
+    let frame_len = (FRAME_LEN + len) as u64;
+    if crc32fast::hash(&frame[..4]) != len_crc || len > MAX_RECORD_BYTES {
+        // Not a cut: a damaged length. Only a frame ending the file may be a torn write.
+        return Err(bad("a frame header whose checksum does not match", FRAME_LEN as u64, false));
+    }
+    if frame_len > remaining {
+        return Err(bad("a record cut short", frame_len, true));
+    }
+    let mut payload = vec![0u8; len];
+    reader
+        .read_exact(&mut payload)
+        .map_err(|_| bad("unreadable record", frame_len, true))?;
+    if crc32fast::hash(&payload) != crc {
+        return Err(bad("a record whose checksum does not match", frame_len, false));
+    }
+    Ok(payload)
+}
+
+/// Appends the frame of `payload` to `out`.
+pub fn frame(payload: &[u8], out: &mut Vec<u8>) {
+    let len = (payload.len() as u32).to_le_bytes();
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&crc32fast::hash(&len).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// The log as segment files in a directory.
+pub struct FileLog {
+    dir: PathBuf,
+    file: File,
+    path: PathBuf,
+    end: u64,
+    buffer: Vec<u8>,
+}
+
+impl FileLog {
+    /// Opens the log in `dir`: checks every segment, cuts a torn tail, and appends after the
+    /// last good record (in a new segment when the directory has none).
+    pub fn open(dir: &Path) -> Result<FileLog, LogError> {
+        let segments = segments(dir)?;
+        let Some(newest) = segments.last() else {
+            return FileLog::create(dir, 0);
+        };
+        let (records, good_len) = read_segment(newest, true)?;
+        let end = newest.first + records.len() as u64;
+        if good_len < HEADER_LEN {
+            std::fs::remove_file(&newest.path).map_err(io("removing", &newest.path))?;
+            return FileLog::create(dir, end);
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&newest.path)
+            .map_err(io("opening", &newest.path))?;
+        file.set_len(good_len).map_err(io("cutting", &newest.path))?;
+        let mut log = FileLog {
+            dir: dir.to_path_buf(),
+            file,
+            path: newest.path.clone(),
+            end,
+            buffer: Vec::new(),
+        };
+        log.file
+            .seek(SeekFrom::Start(good_len))
+            .map_err(io("seeking", &newest.path))?;
+        log.sync()?;
+        Ok(log)
+    }
+
+    fn create(dir: &Path, first: u64) -> Result<FileLog, LogError> {
+        let path = segment_path(dir, first);
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(&path)
+            .map_err(io("creating", &path))?;
+        let mut header = Vec::with_capacity(HEADER_LEN as usize);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&first.to_le_bytes());
+        file.write_all(&header).map_err(io("writing", &path))?;
+        file.sync_data().map_err(io("syncing", &path))?;
+        sync_dir(dir)?;
+        Ok(FileLog {
+            dir: dir.to_path_buf(),
+            file,
+            path,
+            end: first,
+            buffer: Vec::new(),
+        })
+    }
+
+    /// Ends the current segment (synced) and starts a new one at the current end, so that
+    /// everything before [`FileLog::end`] is in closed segments.
+    pub fn rotate(&mut self) -> Result<(), LogError> {
+        self.sync()?;
+        let next = FileLog::create(&self.dir, self.end)?;
+        info!(position = self.end, "log segment rotated");
+        *self = next;
+        Ok(())
+    }
+
+    /// The closed segments, which hold exactly the records before the current segment's.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl EventLog for FileLog {
+    fn append(&mut self, records: &[Vec<u8>]) -> Result<u64, LogError> {
+        let first = self.end;
+        self.buffer.clear();
+        for record in records {
+            frame(record, &mut self.buffer);
+        }
+        self.file
+            .write_all(&self.buffer)
+            .map_err(io("appending to", &self.path))?;
+        self.end += records.len() as u64;
+        Ok(first)
+    }
+
+    fn sync(&mut self) -> Result<(), LogError> {
+        self.file.sync_data().map_err(io("syncing", &self.path))
+    }
+
+    fn end(&self) -> u64 {
+        self.end
+    }
+
+    fn read_from(&self, position: u64) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+        read_dir_from(&self.dir, position, None)
+    }
+
+    fn trim_before(&mut self, position: u64) -> Result<(), LogError> {
+        let segments = segments(&self.dir)?;
+        for pair in segments.windows(2) {
+            // A segment holds the records up to the next one's first.
+            if pair[1].first <= position && pair[0].path != self.path {
+                std::fs::remove_file(&pair[0].path).map_err(io("removing", &pair[0].path))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The records of the segments in `dir` from `position` on (and before `until`, when given),
+/// checked; the newest segment may end in a torn record, which is left out.
+pub fn read_dir_from(
+    dir: &Path,
+    position: u64,
+    until: Option<u64>,
+) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+    let segments = segments(dir)?;
+    let mut out = Vec::new();
+    let mut expected = None;
+    for (i, segment) in segments.iter().enumerate() {
+        let next_first = segments.get(i + 1).map(|s| s.first);
+        if next_first.is_some_and(|next| next <= position) {
+            continue;
+        }
+        if until.is_some_and(|until| segment.first >= until) {
+            break;
+        }
+        if let Some(expected) = expected
+            && segment.first != expected
+        {
+            return Err(corrupt(
+                &segment.path,
+                0,
+                format!("starts at position {}, the segment before ends at {expected}", segment.first),
+            ));
+        }
+        let (records, _) = read_segment(segment, next_first.is_none())?;
+        if out.is_empty() && segment.first > position {
+            return Err(LogError::Gap {
+                first: segment.first,
+                wanted: position,
+            });
+        }
+        expected = Some(segment.first + records.len() as u64);
+        for (k, record) in records.into_iter().enumerate() {
+            let at = segment.first + k as u64;
+            if at >= position && until.is_none_or(|until| at < until) {
+                out.push((at, record));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Makes a directory's entries (a new or renamed file) durable.
+pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("syncing the directory", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(n: usize, size: usize) -> Vec<Vec<u8>> {
+        (0..n).map(|i| vec![i as u8; size + i]).collect()
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kv-log-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn positions(read: &[(u64, Vec<u8>)]) -> Vec<u64> {
+        read.iter().map(|(p, _)| *p).collect()
+    }
+
+    #[test]
+    fn reads_back_what_was_appended_across_segments_and_reopens() {
+        let dir = temp_dir("roundtrip");
+        let mut log = FileLog::open(&dir).unwrap();
+        assert_eq!(log.append(&records(3, 10)).unwrap(), 0);
+        log.rotate().unwrap();
+        assert_eq!(log.append(&records(2, 5)).unwrap(), 3);
+        log.sync().unwrap();
+        let all = log.read_from(0).unwrap();
+        assert_eq!(positions(&all), [0, 1, 2, 3, 4]);
+        assert_eq!(all[4].1, records(2, 5)[1]);
+        assert_eq!(positions(&log.read_from(2).unwrap()), [2, 3, 4]);
+        drop(log);
+        let mut reopened = FileLog::open(&dir).unwrap();
+        assert_eq!(reopened.end(), 5);
+        assert_eq!(reopened.append(&records(1, 1)).unwrap(), 5);
+        assert_eq!(read_dir_from(&dir, 0, Some(3)).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn cuts_a_torn_tail_and_appends_after_it() {
+        let dir = temp_dir("torn");
+        let mut log = FileLog::open(&dir).unwrap();
+        log.append(&records(4, 100)).unwrap();
+        log.sync().unwrap();
+        drop(log);
+        let path = segment_path(&dir, 0);
+        let size = std::fs::metadata(&path).unwrap().len();
+        // Half of the last record made it to disk.
+        OpenOptions::new().write(true).open(&path).unwrap().set_len(size - 50).unwrap();
+        let mut log = FileLog::open(&dir).unwrap();
+        assert_eq!(log.end(), 3);
+        log.append(&records(1, 7)).unwrap();
+        let read = log.read_from(0).unwrap();
+        assert_eq!(positions(&read), [0, 1, 2, 3]);
+        assert_eq!(read[3].1, records(1, 7)[0]);
+    }
+
+    #[test]
+    fn a_flipped_byte_before_the_tail_is_corruption_naming_file_and_offset() {
+        let dir = temp_dir("flip");
+        let mut log = FileLog::open(&dir).unwrap();
+        log.append(&records(3, 100)).unwrap();
+        drop(log);
+        let path = segment_path(&dir, 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let second_record = HEADER_LEN as usize + FRAME_LEN + 100 + FRAME_LEN + 3;
+        bytes[second_record] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let error = FileLog::open(&dir).err().expect("corruption stops the open");
+        let text = error.to_string();
+        let offset = HEADER_LEN as usize + FRAME_LEN + 100;
+        assert!(text.contains(&format!("at byte {offset}")), "{text}");
+        assert!(text.contains("log-00000000000000000000.seg"), "{text}");
+        assert!(text.contains("checksum"), "{text}");
+    }
+
+    #[test]
+    fn a_damaged_length_before_the_tail_is_corruption_not_a_cut() {
+        let dir = temp_dir("length");
+        let mut log = FileLog::open(&dir).unwrap();
+        log.append(&records(3, 100)).unwrap();
+        drop(log);
+        let path = segment_path(&dir, 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let second = HEADER_LEN as usize + FRAME_LEN + 100;
+        bytes[second + 3] = 0x7f; // the length now runs far past the end of the file
+        std::fs::write(&path, &bytes).unwrap();
+        let text = FileLog::open(&dir).err().unwrap().to_string();
+        assert!(text.contains(&format!("at byte {second}")), "{text}");
+    }
+
+    #[test]
+    fn a_flipped_byte_in_the_last_record_is_a_torn_write() {
+        let dir = temp_dir("flip-last");
+        let mut log = FileLog::open(&dir).unwrap();
+        log.append(&records(2, 100)).unwrap();
+        drop(log);
+        let path = segment_path(&dir, 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(FileLog::open(&dir).unwrap().end(), 1);
+    }
+
+    #[test]
+    fn corruption_in_an_older_segment_is_never_cut() {
+        let dir = temp_dir("old");
+        let mut log = FileLog::open(&dir).unwrap();
+        log.append(&records(2, 10)).unwrap();
+        log.rotate().unwrap();
+        log.append(&records(2, 10)).unwrap();
+        drop(log);
+        let path = segment_path(&dir, 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let error = FileLog::open(&dir).unwrap().read_from(0).unwrap_err();
+        assert!(matches!(error, LogError::Corrupt { .. }), "{error}");
+    }
+
+    #[test]
+    fn a_newer_format_version_is_refused() {
+        let dir = temp_dir("version");
+        drop(FileLog::open(&dir).unwrap());
+        let path = segment_path(&dir, 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let error = FileLog::open(&dir).err().unwrap();
+        assert!(error.to_string().contains("version 7 is newer"), "{error}");
+    }
+
+    #[test]
+    fn trims_whole_segments_before_a_position_and_reports_the_gap() {
+        let dir = temp_dir("trim");
+        let mut log = FileLog::open(&dir).unwrap();
+        log.append(&records(3, 1)).unwrap();
+        log.rotate().unwrap();
+        log.append(&records(3, 1)).unwrap();
+        log.rotate().unwrap();
+        log.trim_before(4).unwrap();
+        assert_eq!(positions(&log.read_from(3).unwrap()), [3, 4, 5]);
+        let gap = log.read_from(1).unwrap_err();
+        assert!(matches!(gap, LogError::Gap { first: 3, wanted: 1 }), "{gap}");
+    }
+}
