@@ -41,7 +41,7 @@ use rustc_hash::FxBuildHasher;
 use crate::table::BlockTable;
 use crate::types::{IndexStats, ValidApply};
 
-pub(crate) use layout::{Chunk, Found};
+pub(crate) use layout::{Chunk, Found, Placement};
 use layout::{Worker, found_at};
 
 /// The largest number of workers a placement can name (30 bits; 2 bits hold the tier).
