@@ -29,7 +29,10 @@ use crate::validate::{ValidationError, validate_prefix};
 
 const NO_SLOT: u32 = u32::MAX;
 
-/// Scratch kept on the stack up to these sizes (see the end of `match_prefix`).
+/// Scratch kept on the stack up to these sizes (see `Index::answer`): the worker -> candidate
+/// map has one entry per worker ever seen (so it is on the heap, and filled at O(workers) cost,
+/// in every query of an index that has seen more than `INLINE_WORKERS`); the per-candidate
+/// vectors spill beyond `INLINE_CANDIDATES` holders of the first block.
 const INLINE_WORKERS: usize = 256;
 const INLINE_CANDIDATES: usize = 128;
 
@@ -349,7 +352,7 @@ impl Index {
             .collect();
         order.sort_unstable();
         // The answer's strings are cloned before its vector is allocated: all scratch so far is
-        // on the stack, so the strings reuse the previous answer's freed ones straight from the
+        // on the stack (within the `INLINE_*` sizes), so the strings reuse the previous answer's freed ones straight from the
         // allocator's small-size caches, and the one large request comes last (glibc would
         // otherwise first consolidate every cached small chunk).
         let strings: SmallVec<[(String, String); INLINE_CANDIDATES]> = order
