@@ -270,14 +270,24 @@ struct Ingest {
 
 /// Pass 1: query then report what each request's worker lacks. Fills `reported_from[r]` with
 /// the position from which request r was reported.
-fn ingest(
-    index: &mut Index,
-    pages: &Pages,
-    fleet: &mut Fleet,
+/// What an ingest pass reports: the pages, their token count, and whether REPORTs carry hints.
+struct Feed<'a> {
+    pages: &'a Pages,
     page_tokens: u32,
     hints: bool,
+}
+
+fn ingest(
+    index: &mut Index,
+    feed: &Feed<'_>,
+    fleet: &mut Fleet,
     reported_from: &mut [usize],
 ) -> Ingest {
+    let Feed {
+        pages,
+        page_tokens,
+        hints,
+    } = *feed;
     let mut reported = 0;
     let mut elapsed = Duration::ZERO;
     let mut first_applies = Duration::ZERO;
@@ -352,20 +362,18 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool) -> Row {
     let requests = pages.len();
     let mut fleet = Fleet::new(workers, requests);
     let mut reported_from = vec![0usize; requests];
+    let feed = Feed {
+        pages: &pages,
+        page_tokens,
+        hints,
+    };
 
     // Pass 1: ingest, measuring the live bytes the index adds. Everything the loop allocates
     // besides the index (answers, apply requests) is freed before the second reading.
     let build_start = Instant::now();
     let before = live_bytes();
     let mut index = Index::new();
-    let pass1 = ingest(
-        &mut index,
-        &pages,
-        &mut fleet,
-        page_tokens,
-        hints,
-        &mut reported_from,
-    );
+    let pass1 = ingest(&mut index, &feed, &mut fleet, &mut reported_from);
     let index_bytes = live_bytes().saturating_sub(before);
     let build_time = build_start.elapsed();
     let stats = index.stats();
@@ -402,31 +410,15 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool) -> Row {
     // REVOKE every placement, per worker, in applies of at most 16,384 hashes.
     let mut revoke_time = Duration::ZERO;
     let mut revoked = 0;
-    let mut buffer: Vec<i64> = Vec::with_capacity(MAX_HASHES_PER_REQUEST);
     for worker in 0..workers {
-        let owned: Vec<usize> = fleet.requests_of[worker].clone();
-        for r in owned {
-            for &hash in &pages.request(r)[reported_from[r]..] {
-                buffer.push(hash);
-                if buffer.len() == MAX_HASHES_PER_REQUEST {
-                    revoked += buffer.len();
-                    let request = fleet.apply_request(
-                        worker,
-                        action(REVOKE, std::mem::take(&mut buffer), Vec::new()),
-                    );
-                    revoke_time += timed_apply(&mut index, request);
-                    buffer.reserve(MAX_HASHES_PER_REQUEST);
-                }
-            }
-        }
-        if !buffer.is_empty() {
-            revoked += buffer.len();
-            let request = fleet.apply_request(
-                worker,
-                action(REVOKE, std::mem::take(&mut buffer), Vec::new()),
-            );
+        let owned: Vec<i64> = fleet.requests_of[worker]
+            .iter()
+            .flat_map(|&r| pages.request(r)[reported_from[r]..].iter().copied())
+            .collect();
+        for hashes in owned.chunks(MAX_HASHES_PER_REQUEST) {
+            revoked += hashes.len();
+            let request = fleet.apply_request(worker, action(REVOKE, hashes.to_vec(), Vec::new()));
             revoke_time += timed_apply(&mut index, request);
-            buffer.reserve(MAX_HASHES_PER_REQUEST);
         }
     }
     assert_eq!(revoked, stats.placements);
@@ -436,14 +428,7 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool) -> Row {
 
     // CLEAR_ALL_AT_TIER per worker, on a second index built the same way.
     let mut index = Index::new();
-    ingest(
-        &mut index,
-        &pages,
-        &mut fleet,
-        page_tokens,
-        hints,
-        &mut reported_from,
-    );
+    ingest(&mut index, &feed, &mut fleet, &mut reported_from);
     assert_eq!(index.stats(), stats, "the rebuild is identical");
     let mut clear_time = Duration::ZERO;
     for worker in 0..workers {

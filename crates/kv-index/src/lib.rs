@@ -6,8 +6,10 @@
 //!
 //! - [`types`]: domain types (tiers, actions, specs, requests, answers);
 //! - [`validate`]: every validation rule of the contract, as [`ValidationError`];
-//! - `index`: the state and its layout (chunks of chained hashes cut into pieces of equal
-//!   placements), and apply (REPORT / REVOKE / CLEAR_ALL_AT_TIER);
+//! - `index`: the state; `index::layout` (chunks of chained hashes cut into pieces of equal
+//!   placements, `Holder`s, workers), `index::apply` (REPORT / REVOKE / CLEAR_ALL_AT_TIER),
+//!   `index::compaction` (purge, trim, compact, free) and `index::invariants` (the recount that
+//!   tests run);
 //! - `table`: the block hash table (hash -> position in a chunk);
 //! - `prefix`: the longest-prefix scan (`MatchExternalKvPrefix`);
 //! - `lookup`: exact lookups (`MatchExternalKv`) and hit counts.

@@ -21,7 +21,7 @@
 
 use smallvec::{SmallVec, smallvec};
 
-use crate::index::{Chunk, Found, Index};
+use crate::index::{Chunk, Found, Index, Placement};
 use crate::types::{
     COMPONENT_FULL, COMPONENT_MAMBA, COMPONENT_SWA, PrefixAnswer, PrefixMatch, Tier,
 };
@@ -29,7 +29,10 @@ use crate::validate::{ValidationError, validate_prefix};
 
 const NO_SLOT: u32 = u32::MAX;
 
-/// Scratch kept on the stack up to these sizes (see the end of `match_prefix`).
+/// Scratch kept on the stack up to these sizes (see `Index::answer`): the worker -> candidate
+/// map has one entry per worker ever seen (so it is on the heap, and filled at O(workers) cost,
+/// in every query of an index that has seen more than `INLINE_WORKERS`); the per-candidate
+/// vectors spill beyond `INLINE_CANDIDATES` holders of the first block.
 const INLINE_WORKERS: usize = 256;
 const INLINE_CANDIDATES: usize = 128;
 
@@ -77,6 +80,17 @@ struct Segment<'a> {
 }
 
 impl Segment<'_> {
+    /// A query hash nobody holds: one block without placements.
+    fn missing(pos: usize) -> Segment<'static> {
+        Segment {
+            start: pos as u32,
+            end: pos as u32 + 1,
+            chunk: None,
+            offset: 0,
+            tokens: None,
+        }
+    }
+
     fn tokens(&mut self) -> u64 {
         *self.tokens.get_or_insert_with(|| {
             self.chunk.map_or(0, |chunk| {
@@ -184,6 +198,39 @@ fn common_prefix(a: &[i64], b: &[i64]) -> usize {
         .count()
 }
 
+/// The scan's candidates: the workers holding `hashes[0]`, in worker order.
+struct Candidates {
+    /// Per worker (dense index), its slot in `all`, or `NO_SLOT`. O(workers ever seen): on the
+    /// heap beyond `INLINE_WORKERS`.
+    slot_of: SmallVec<[u32; INLINE_WORKERS]>,
+    all: SmallVec<[Candidate; INLINE_CANDIDATES]>,
+    /// Slots of the unsettled candidates.
+    active: SmallVec<[u32; INLINE_CANDIDATES]>,
+}
+
+impl Candidates {
+    /// Folds the placements of the segment starting at query position `stamp - 1` into the
+    /// candidates' views of it.
+    #[inline]
+    fn observe(&mut self, placements: &[Placement], stamp: u32) {
+        for placement in placements {
+            let slot = self.slot_of[placement.worker() as usize];
+            if slot != NO_SLOT {
+                self.all[slot as usize].observe(stamp, placement.tier(), placement.mask);
+            }
+        }
+    }
+
+    /// Steps every unsettled candidate over the segment; returns whether all are now settled.
+    #[inline]
+    fn settle(&mut self, segment: &mut Segment<'_>) -> bool {
+        let all = &mut self.all;
+        self.active
+            .retain(|slot| !all[*slot as usize].step(segment));
+        self.active.is_empty()
+    }
+}
+
 impl Index {
     /// Answers `MatchExternalKvPrefix` over `min(len, max_blocks or ∞)` blocks.
     pub fn match_prefix(
@@ -202,87 +249,102 @@ impl Index {
                 ..PrefixAnswer::default()
             });
         };
+        let mut candidates = Candidates {
+            slot_of: smallvec![NO_SLOT; self.workers.len()],
+            all: SmallVec::new(),
+            active: SmallVec::new(),
+        };
+        self.enlist(&mut candidates, first);
+        let blocks_read = self.scan(hashes, n, first, &mut candidates);
+        Ok(self.answer(&candidates.all, blocks_read as u32))
+    }
 
+    /// Makes a candidate of every worker holding the first block (`first`).
+    fn enlist(&self, candidates: &mut Candidates, first: Found) {
         let first_piece = &self.chunks[first.chunk as usize].pieces[first.piece as usize];
-        let mut slot_of: SmallVec<[u32; INLINE_WORKERS]> = smallvec![NO_SLOT; self.workers.len()];
-        let mut candidates: SmallVec<[Candidate; INLINE_CANDIDATES]> = SmallVec::new();
-        let mut active: SmallVec<[u32; INLINE_CANDIDATES]> = SmallVec::new();
         for placement in &first_piece.placements {
             let worker = placement.worker();
-            if slot_of[worker as usize] != NO_SLOT {
+            if candidates.slot_of[worker as usize] != NO_SLOT {
                 continue;
             }
-            slot_of[worker as usize] = candidates.len() as u32;
+            candidates.slot_of[worker as usize] = candidates.all.len() as u32;
             let (candidate, settled) = self.candidate(worker);
             if !settled {
-                active.push(candidates.len() as u32);
+                candidates.active.push(candidates.all.len() as u32);
             }
-            candidates.push(candidate);
+            candidates.all.push(candidate);
         }
+    }
 
+    /// Scans the first `n` query hashes a segment at a time, from block 0 stored at `first`,
+    /// until every candidate is settled; returns `blocks_read`.
+    #[inline]
+    fn scan(&self, hashes: &[i64], n: usize, first: Found, candidates: &mut Candidates) -> usize {
         let mut at: Option<Found> = Some(first);
         let mut pos = 0usize;
-        let mut blocks_read = n;
         loop {
-            let mut segment = Segment {
-                start: pos as u32,
-                end: pos as u32 + 1,
-                chunk: None,
-                offset: 0,
-                tokens: None,
-            };
-            let mut piece_end = 0;
+            let mut segment = Segment::missing(pos);
             if let Some(found) = at {
-                let chunk = &self.chunks[found.chunk as usize];
-                let offset = found.offset as usize;
-                piece_end = chunk.piece_end(found.piece as usize);
-                let limit = (piece_end - offset).min(n - pos);
-                let len = 1 + common_prefix(
-                    &hashes[pos + 1..pos + limit],
-                    &chunk.hashes[offset + 1..offset + limit],
-                );
-                segment.end = (pos + len) as u32;
-                segment.chunk = Some(chunk);
-                segment.offset = offset;
-                let stamp = pos as u32 + 1;
-                for placement in &chunk.pieces[found.piece as usize].placements {
-                    let slot = slot_of[placement.worker() as usize];
-                    if slot != NO_SLOT {
-                        candidates[slot as usize].observe(stamp, placement.tier(), placement.mask);
-                    }
-                }
+                segment = self.segment_at(found, hashes, pos, n);
+                let piece = &self.chunks[found.chunk as usize].pieces[found.piece as usize];
+                candidates.observe(&piece.placements, pos as u32 + 1);
             }
-            active.retain(|slot| !candidates[*slot as usize].step(&mut segment));
-            if active.is_empty() {
-                blocks_read = pos + 1;
-                break;
+            if candidates.settle(&mut segment) {
+                return pos + 1;
             }
             let len = (segment.end - segment.start) as usize;
             pos += len;
             if pos >= n {
-                break;
+                return n;
             }
-            // The next piece of the same chunk when the segment ran to the end of its piece and
-            // the query goes on there; otherwise a probe.
             at = at
-                .and_then(|found| {
-                    let chunk = &self.chunks[found.chunk as usize];
-                    let next = found.offset as usize + len;
-                    let piece = found.piece as usize + 1;
-                    (next == piece_end
-                        && chunk.hashes.get(next) == Some(&hashes[pos])
-                        && !chunk.pieces[piece].placements.is_empty())
-                    .then_some(Found {
-                        chunk: found.chunk,
-                        offset: next as u32,
-                        piece: piece as u32,
-                    })
-                })
+                .and_then(|found| self.next_piece(found, len, hashes[pos]))
                 .or_else(|| self.locate(hashes[pos]));
         }
-        let position = blocks_read as u32;
+    }
 
-        // Longest prefix first, ties by rank (worker-id order): one packed key per match.
+    /// The segment at query position `pos`, whose block is stored at `found`: the query is
+    /// compared with the chunk's hashes up to the end of the piece (and of the `n` blocks).
+    #[inline]
+    fn segment_at(&self, found: Found, hashes: &[i64], pos: usize, n: usize) -> Segment<'_> {
+        let chunk = &self.chunks[found.chunk as usize];
+        let offset = found.offset as usize;
+        let piece_end = chunk.piece_end(found.piece as usize);
+        let limit = (piece_end - offset).min(n - pos);
+        let len = 1 + common_prefix(
+            &hashes[pos + 1..pos + limit],
+            &chunk.hashes[offset + 1..offset + limit],
+        );
+        Segment {
+            start: pos as u32,
+            end: (pos + len) as u32,
+            chunk: Some(chunk),
+            offset,
+            tokens: None,
+        }
+    }
+
+    /// Where the query goes on after a segment of `len` blocks stored from `found`, when it ran
+    /// to the end of its piece and the next piece of the same chunk is live and stores `hash`
+    /// next; otherwise `None` (the caller probes).
+    #[inline]
+    fn next_piece(&self, found: Found, len: usize, hash: i64) -> Option<Found> {
+        let chunk = &self.chunks[found.chunk as usize];
+        let next = found.offset as usize + len;
+        let piece = found.piece as usize + 1;
+        (next == chunk.piece_end(found.piece as usize)
+            && chunk.hashes.get(next) == Some(&hash)
+            && !chunk.pieces[piece].placements.is_empty())
+        .then_some(Found {
+            chunk: found.chunk,
+            offset: next as u32,
+            piece: piece as u32,
+        })
+    }
+
+    /// The answer: candidates with a prefix, longest first, ties by rank (worker-id order).
+    fn answer(&self, candidates: &[Candidate], blocks_read: u32) -> PrefixAnswer {
+        // One packed key per match.
         let mut order: SmallVec<[u64; INLINE_CANDIDATES]> = candidates
             .iter()
             .filter(|c| c.prefix > 0)
@@ -290,7 +352,7 @@ impl Index {
             .collect();
         order.sort_unstable();
         // The answer's strings are cloned before its vector is allocated: all scratch so far is
-        // on the stack, so the strings reuse the previous answer's freed ones straight from the
+        // on the stack (within the `INLINE_*` sizes), so the strings reuse the previous answer's freed ones straight from the
         // allocator's small-size caches, and the one large request comes last (glibc would
         // otherwise first consolidate every cached small chunk).
         let strings: SmallVec<[(String, String); INLINE_CANDIDATES]> = order
@@ -308,11 +370,11 @@ impl Index {
                 worker_id,
             });
         }
-        Ok(PrefixAnswer {
+        PrefixAnswer {
             best_prefix_blocks: matches.first().map_or(0, |m| m.matched_prefix_blocks),
             matches,
-            blocks_read: position,
-        })
+            blocks_read,
+        }
     }
 
     /// The initial scan state of a worker, and whether it is settled (at prefix 0) before the

@@ -101,18 +101,7 @@ enum LongChain {
     /// REPORT `start .. start + len` at one tier, split into `pieces` consecutive actions, each
     /// with a chain hint (`hints`) and all masks `mask` except at `holes` (position modulo
     /// `len`, mask).
-    Report {
-        worker: usize,
-        address: u8,
-        tier: i32,
-        start: i64,
-        len: usize,
-        pieces: usize,
-        hints: Hint,
-        mask: Option<u32>,
-        holes: Vec<(usize, u32)>,
-        size: Option<u32>,
-    },
+    Report(LongReport),
     /// REVOKE `from .. from + len` at one tier, one action.
     ///
     /// Both use the worker's spec for the whole case.
@@ -123,6 +112,21 @@ enum LongChain {
         len: usize,
         hint: bool,
     },
+}
+
+/// A long REPORT (see [`LongChain::Report`]).
+#[derive(Debug, Clone)]
+struct LongReport {
+    worker: usize,
+    address: u8,
+    tier: i32,
+    start: i64,
+    len: usize,
+    pieces: usize,
+    hints: Hint,
+    mask: Option<u32>,
+    holes: Vec<(usize, u32)>,
+    size: Option<u32>,
 }
 
 // ----- strategies --------------------------------------------------------------------------------
@@ -381,7 +385,7 @@ fn long_chain() -> BoxedStrategy<LongChain> {
     )
         .prop_map(
             |((worker, address, tier), (start, len, pieces), (hints, mask, holes, size))| {
-                LongChain::Report {
+                LongChain::Report(LongReport {
                     worker,
                     address,
                     tier,
@@ -392,7 +396,7 @@ fn long_chain() -> BoxedStrategy<LongChain> {
                     mask,
                     holes,
                     size,
-                }
+                })
             },
         );
     let revoke = (
@@ -626,64 +630,7 @@ impl Pair {
 impl LongChain {
     fn request(&self, specs: &[Option<CacheSpec>]) -> ApplyRequest {
         match self {
-            LongChain::Report {
-                worker,
-                address,
-                tier,
-                start,
-                len,
-                pieces,
-                hints,
-                mask,
-                holes,
-                size,
-            } => {
-                let hashes: Vec<i64> = (0..*len as i64).map(|i| start + i).collect();
-                let mut masks = match mask {
-                    Some(mask) => vec![*mask; *len],
-                    None => Vec::new(),
-                };
-                if !masks.is_empty() {
-                    for &(at, hole) in holes {
-                        masks[at % len] = hole;
-                    }
-                }
-                let sizes = size.map_or(Vec::new(), |size| vec![size; *len]);
-                let piece = len.div_ceil(*pieces);
-                let mut actions = Vec::new();
-                let mut at = 0;
-                while at < *len {
-                    let end = (at + piece).min(*len);
-                    actions.push(ActionRequest {
-                        action_type: 1,
-                        tier: *tier,
-                        hashes: hashes[at..end].to_vec(),
-                        component_masks: if masks.is_empty() {
-                            Vec::new()
-                        } else {
-                            masks[at..end].to_vec()
-                        },
-                        block_sizes: if sizes.is_empty() {
-                            Vec::new()
-                        } else {
-                            sizes[at..end].to_vec()
-                        },
-                        parent_block_hash: match hints {
-                            Hint::None => None,
-                            Hint::True => Some(hashes[at] - 1),
-                            Hint::Lie(offset) => Some(hashes[at] - 1 + offset),
-                        },
-                    });
-                    at = end;
-                }
-                ApplyRequest {
-                    worker_id: WORKERS[*worker].to_string(),
-                    seq: 0,
-                    worker_address: address_for(WORKERS[*worker], *address),
-                    cache_spec: specs[*worker],
-                    actions,
-                }
-            }
+            LongChain::Report(report) => report.request(specs),
             LongChain::Revoke {
                 worker,
                 tier,
@@ -704,6 +651,54 @@ impl LongChain {
                     parent_block_hash: hint.then(|| from - 1),
                 }],
             },
+        }
+    }
+}
+
+impl LongReport {
+    fn request(&self, specs: &[Option<CacheSpec>]) -> ApplyRequest {
+        let len = self.len;
+        let hashes: Vec<i64> = (0..len as i64).map(|i| self.start + i).collect();
+        let mut masks = self.mask.map_or(Vec::new(), |mask| vec![mask; len]);
+        if !masks.is_empty() {
+            for &(at, hole) in &self.holes {
+                masks[at % len] = hole;
+            }
+        }
+        let sizes = self.size.map_or(Vec::new(), |size| vec![size; len]);
+        let piece = len.div_ceil(self.pieces);
+        let mut actions = Vec::new();
+        let mut at = 0;
+        while at < len {
+            let end = (at + piece).min(len);
+            actions.push(ActionRequest {
+                action_type: 1,
+                tier: self.tier,
+                hashes: hashes[at..end].to_vec(),
+                component_masks: if masks.is_empty() {
+                    Vec::new()
+                } else {
+                    masks[at..end].to_vec()
+                },
+                block_sizes: if sizes.is_empty() {
+                    Vec::new()
+                } else {
+                    sizes[at..end].to_vec()
+                },
+                parent_block_hash: match self.hints {
+                    Hint::None => None,
+                    Hint::True => Some(hashes[at] - 1),
+                    Hint::Lie(offset) => Some(hashes[at] - 1 + offset),
+                },
+            });
+            at = end;
+        }
+        ApplyRequest {
+            worker_id: WORKERS[self.worker].to_string(),
+            seq: 0,
+            worker_address: address_for(WORKERS[self.worker], self.address),
+            cache_spec: specs[self.worker],
+            actions,
         }
     }
 }

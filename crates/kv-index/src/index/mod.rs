@@ -1,0 +1,143 @@
+//! The index state: its layout, apply, and the clean-up of lazy deletion.
+//!
+//! Layout: block hashes are stored in *chunks*, runs of hashes in the order they were reported
+//! (a REPORT's hashes, continued by a later REPORT whose first new hash follows a chunk's last
+//! block, as the chain hint `parent_block_hash` or the action's own order says). A chunk is cut
+//! into *pieces*: maximal ranges whose blocks have exactly the same placements (`(worker, tier)`
+//! and component mask), stored once per piece. So a prefix scan, after one hash-table probe,
+//! compares the following query hashes with the chunk's array and handles a whole piece with one
+//! look at its placements, instead of probing every block.
+//!
+//! Order within a chunk is only a storage guess: which chunk a hash lands in never changes an
+//! answer. What answers rely on:
+//! - a live block is stored at exactly one *live* position (one in a piece with placements), and
+//!   the hash table maps it there;
+//! - a piece's placements are the exact placements of each of its blocks.
+//!
+//! Deleting blocks is lazy: a piece whose last placement goes is *dead*, and the hash-table
+//! entries of its blocks become stale. An entry is trusted only when its chunk still stores the
+//! same hash at that offset in a live piece, so stale entries are harmless; they are purged when
+//! the table would otherwise grow. Dead space in a chunk is trimmed at its end and compacted when
+//! it outweighs the live blocks; a chunk without live blocks is freed and its slot reused.
+//!
+//! REVOKE gathers consecutive hashes stored consecutively into ranges and changes a range a
+//! piece at a time. Reverse holdings per `(worker, tier)` are the chunks where it holds something
+//! (possibly stale or repeated; compacted when the list doubles), so CLEAR works per piece.
+//! Hit counts live in a side table, since few blocks ever get one; a flag on the chunk says
+//! whether to look there when some of its blocks die.
+//!
+//! Modules: `layout` (holders, placements, pieces, chunks, workers, appending a block), `apply`
+//! (REPORT / REVOKE / CLEAR and the range update they share), `compaction` (purge, trim, compact,
+//! free), `invariants` (`Index::check_invariants`, for tests).
+
+mod apply;
+mod compaction;
+mod invariants;
+mod layout;
+
+use hashbrown::HashMap;
+use rustc_hash::FxBuildHasher;
+
+use crate::table::BlockTable;
+use crate::types::{IndexStats, ValidApply};
+
+pub(crate) use layout::{Chunk, Found, Placement};
+use layout::{Worker, found_at};
+
+/// The largest number of workers a placement can name (30 bits; 2 bits hold the tier).
+pub const MAX_WORKERS: usize = 1 << 30;
+
+// Debug builds (the tests) use tiny limits so that chunk ends and compactions happen all the
+// time; none of them changes an answer.
+
+/// The longest chunk; a longer run goes on in a new chunk. It bounds what one change costs: a
+/// split shifts the chunk's later pieces, a compaction copies the chunk.
+const MAX_CHUNK_LEN: usize = if cfg!(debug_assertions) { 40 } else { 1 << 12 };
+
+/// Hashes of a REPORT looked up ahead together while it adds new blocks.
+const WARM_AHEAD: usize = 32;
+
+/// Dead positions tolerated in a chunk beyond its live ones before it is compacted.
+const CHUNK_COMPACTION_SLACK: u32 = if cfg!(debug_assertions) { 2 } else { 64 };
+
+/// Repeated or stale reverse-holding entries tolerated beyond twice the compacted length.
+const HOLDINGS_COMPACTION_SLACK: usize = if cfg!(debug_assertions) { 2 } else { 64 };
+
+/// The in-memory KV placement index. Pure: no I/O, no clock, no locking; the server wraps it.
+#[derive(Debug, Default)]
+pub struct Index {
+    /// Block hash -> where it is stored (maybe stale: see [`found_at`]).
+    table: BlockTable,
+    pub(crate) chunks: Vec<Chunk>,
+    free_chunks: Vec<u32>,
+    pub(crate) workers: Vec<Worker>,
+    worker_ids: HashMap<String, u32, FxBuildHasher>,
+    /// Workers in rank order.
+    pub(crate) by_rank: Vec<u32>,
+    pub(crate) hits: HashMap<i64, u64, FxBuildHasher>,
+    placements: usize,
+    /// Live blocks.
+    blocks: usize,
+    /// Table entries known to be stale (an estimate: it only decides when to purge).
+    stale: usize,
+}
+
+impl Index {
+    pub fn new() -> Index {
+        Index::default()
+    }
+
+    /// Sizes of the index.
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            blocks: self.blocks,
+            placements: self.placements,
+            workers: self.workers.len(),
+        }
+    }
+
+    /// Where a live block is stored, if it exists.
+    #[inline]
+    pub(crate) fn locate(&self, hash: i64) -> Option<Found> {
+        let loc = self.table.get(hash)?;
+        found_at(&self.chunks, hash, loc)
+    }
+
+    /// Applies a validated batch: overwrites the worker's address and spec, then applies the
+    /// actions in order. Cannot fail, so a batch is applied whole.
+    pub fn apply(&mut self, batch: &ValidApply) {
+        let worker = self.intern(&batch.worker_id);
+        let w = &mut self.workers[worker as usize];
+        w.address.clone_from(&batch.worker_address);
+        w.spec = batch.cache_spec;
+        for action in &batch.actions {
+            self.apply_action(worker, action);
+        }
+    }
+
+    /// The dense index of a worker id, registering it on first sight.
+    fn intern(&mut self, id: &str) -> u32 {
+        if let Some(&worker) = self.worker_ids.get(id) {
+            return worker;
+        }
+        assert!(self.workers.len() < MAX_WORKERS, "worker table is full");
+        let worker = self.workers.len() as u32;
+        self.workers.push(Worker::new(id));
+        self.worker_ids.insert(id.to_owned(), worker);
+        // Insert it in worker-id order; the workers after it move one rank down.
+        let workers = &self.workers;
+        let rank = self
+            .by_rank
+            .partition_point(|&w| workers[w as usize].id.as_str() < id);
+        self.by_rank.insert(rank, worker);
+        for (rank, &w) in self.by_rank.iter().enumerate().skip(rank) {
+            self.workers[w as usize].rank = rank as u32;
+        }
+        worker
+    }
+
+    /// Marks chunk `c` as having a block with a hit count.
+    pub(crate) fn note_hits(&mut self, c: u32) {
+        self.chunks[c as usize].has_hits = true;
+    }
+}
