@@ -59,6 +59,17 @@ impl Identity {
     }
 }
 
+/// This bridge process's incarnation: its start time in microseconds since the Unix epoch, so a
+/// bridge started later for the same worker has a larger one and fences this one out.
+fn incarnation() -> u64 {
+    static STARTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64)
+    })
+}
+
 pub struct Sender {
     client: Grpc,
     identity: Identity,
@@ -89,6 +100,7 @@ impl Sender {
                     worker_id: config.worker_id.clone(),
                     worker_address: config.worker_address.clone(),
                     cache_spec: config.cache_spec,
+                    bridge_incarnation: Some(incarnation()),
                 },
                 clear_tiers: config.clear_tiers.clone(),
             },

@@ -14,3 +14,15 @@ pub mod throttle;
 
 pub use secret::{PemError, Secret, is_sendable_token, read_pem};
 pub use throttle::DoublingLog;
+
+/// An error and its causes on one line, `: `-separated (for log lines and messages).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

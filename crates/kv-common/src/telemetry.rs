@@ -84,19 +84,34 @@ impl Metrics {
         self.handle.render()
     }
 
-    /// Serves `GET /metrics` on `listener` until `stop`.
+    /// Serves `GET /metrics` (and `pages`) on `listener` until `stop`.
     pub async fn serve(
         self,
         listener: TcpListener,
+        pages: Vec<Page>,
         stop: CancellationToken,
     ) -> Result<(), MetricsError> {
-        let app = axum::Router::new().route(
+        let mut app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
                 let metrics = self.clone();
                 async move { metrics.render() }
             }),
         );
+        for page in pages {
+            let render = page.render;
+            app = app.route(
+                page.path,
+                axum::routing::get(move || {
+                    let render = render.clone();
+                    async move {
+                        tokio::task::spawn_blocking(move || render())
+                            .await
+                            .unwrap_or_else(|_| "page failed".to_string())
+                    }
+                }),
+            );
+        }
         axum::serve(listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())
             .await
@@ -114,6 +129,13 @@ async fn upkeep(handle: PrometheusHandle, stop: CancellationToken) {
     }
 }
 
+/// Another admin page: `GET path` answers what `render` returns (run on the blocking pool).
+#[derive(Clone)]
+pub struct Page {
+    pub path: &'static str,
+    pub render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+}
+
 /// Binds an admin address; `setting` names the variable the binary read it from.
 pub async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener, MetricsError> {
     TcpListener::bind(addr)
@@ -125,16 +147,17 @@ pub async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener
         })
 }
 
-/// Installs the recorder, binds `addr` and serves `/metrics` there until `stop`: what a binary
-/// with a metrics setting does at start.
+/// Installs the recorder, binds `addr` and serves `/metrics` (and `pages`) there until `stop`:
+/// what a binary with a metrics setting does at start.
 pub async fn serve_on(
     setting: &'static str,
     addr: SocketAddr,
     buckets: &[(&'static str, &[f64])],
+    pages: Vec<Page>,
     stop: &CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), MetricsError>>, MetricsError> {
     let listener = bind(setting, addr).await?;
     let metrics = Metrics::install(buckets, stop)?;
     tracing::info!(%addr, "serving metrics on /metrics");
-    Ok(tokio::spawn(metrics.serve(listener, stop.clone())))
+    Ok(tokio::spawn(metrics.serve(listener, pages, stop.clone())))
 }

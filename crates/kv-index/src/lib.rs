@@ -8,8 +8,8 @@
 //! - [`validate`]: every validation rule of the contract, as [`ValidationError`];
 //! - `index`: the state; `index::layout` (chunks of chained hashes cut into pieces of equal
 //!   placements, `Holder`s, workers), `index::apply` (REPORT / REVOKE / CLEAR_ALL_AT_TIER),
-//!   `index::compaction` (purge, trim, compact, free) and `index::invariants` (the recount that
-//!   tests run);
+//!   `index::compaction` (purge, trim, compact, free), `index::export` (the whole index as plain
+//!   data and back, for snapshots) and `index::invariants` (the recount that tests run);
 //! - `table`: the block hash table (hash -> position in a chunk);
 //! - `prefix`: the longest-prefix scan (`MatchExternalKvPrefix`);
 //! - `lookup`: exact lookups (`MatchExternalKv`) and hit counts.
@@ -21,6 +21,6 @@ mod table;
 pub mod types;
 pub mod validate;
 
-pub use index::{Index, MAX_WORKERS};
+pub use index::{Export, ExportedWorker, Held, Index, MAX_WORKERS};
 pub use types::*;
 pub use validate::{ErrorClass, ValidationError, validate_lookup, validate_prefix};

@@ -479,12 +479,16 @@ enum Hints {
     AsGenerated,
     Stripped,
     ChainedToPreviousReport,
+    /// Hints as generated, on an index exported and imported again after every step (a
+    /// snapshot and a restart at every point).
+    RestoredAfterEveryStep,
 }
 
-const HINTS: [Hints; 3] = [
+const HINTS: [Hints; 4] = [
     Hints::AsGenerated,
     Hints::Stripped,
     Hints::ChainedToPreviousReport,
+    Hints::RestoredAfterEveryStep,
 ];
 
 struct Pair {
@@ -511,7 +515,7 @@ impl Pair {
         let mut req = req.clone();
         for action in &mut req.actions {
             match hints {
-                Hints::AsGenerated => {}
+                Hints::AsGenerated | Hints::RestoredAfterEveryStep => {}
                 Hints::Stripped => action.parent_block_hash = None,
                 Hints::ChainedToPreviousReport => {
                     if action.action_type == 1 {
@@ -766,6 +770,16 @@ fn run(specs: &[Option<CacheSpec>], ops: &[Op]) -> Result<(), TestCaseError> {
             );
             index.check_invariants();
         }
+        let restored = HINTS.len() - 1;
+        let imported = Index::import(&pair.indexes[restored].export());
+        imported.check_invariants();
+        prop_assert_eq!(
+            imported.export().canonical(),
+            pair.indexes[0].export().canonical(),
+            "an export imported again holds what the index held, after step {}",
+            step
+        );
+        pair.indexes[restored] = imported;
         // A prefix query on the chain start after every step keeps the prefix scan under
         // constant pressure, whatever the op was.
         pair.prefix(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], 0)?;

@@ -276,17 +276,7 @@ pub fn transport_is_unavailable(status: Status) -> Status {
     }
 }
 
-/// An error and its causes on one line, `: `-separated.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use kv_common::error_chain;
 
 fn with_timeout<T>(message: T, timeout: Duration) -> Request<T> {
     let mut request = Request::new(message);

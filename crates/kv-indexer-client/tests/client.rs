@@ -67,6 +67,7 @@ impl TestServer {
                     }],
                     worker_address: address(worker),
                     cache_spec: None,
+                    bridge_incarnation: None,
                 })
                 .await
                 .unwrap();

@@ -15,6 +15,8 @@ pub struct WorkerHeader {
     pub worker_id: String,
     pub worker_address: String,
     pub cache_spec: Option<CacheSpec>,
+    /// The bridge's incarnation (the `bridge_incarnation` extension), when it sends one.
+    pub bridge_incarnation: Option<u64>,
 }
 
 /// The apply request a bridge sends for `actions`.
@@ -29,6 +31,7 @@ pub fn apply_message(
         actions: actions.into_iter().map(action_message).collect(),
         worker_address: header.worker_address.clone(),
         cache_spec: header.cache_spec.map(cache_spec_message),
+        bridge_incarnation: header.bridge_incarnation,
     }
 }
 

@@ -181,6 +181,7 @@ async fn report(indexer: SocketAddr, worker_url: &str, tokens: &[u64]) {
             }],
             worker_address: worker_url.into(),
             cache_spec: None,
+            bridge_incarnation: None,
         })
         .await
         .unwrap();

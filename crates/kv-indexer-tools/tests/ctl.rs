@@ -44,6 +44,7 @@ async fn report(addr: SocketAddr, worker: &str, hashes: Vec<i64>) {
             }],
             worker_address: format!("http://{worker}:30000"),
             cache_spec: None,
+            bridge_incarnation: None,
         })
         .await
         .unwrap();

@@ -10,6 +10,7 @@ use clap::Parser;
 use kv_common::Secret;
 
 use crate::access::{Access, AccessError};
+use crate::state::writer::{SyncPolicy, WriterConfig};
 
 /// The KV-cache Indexer gRPC server.
 #[derive(Debug, Clone, Parser)]
@@ -57,6 +58,32 @@ pub struct Args {
     #[arg(long, env = "KV_INDEXER_READ_TOKEN", hide_env_values = true)]
     pub read_token: Option<Secret>,
 
+    /// Directory of the durable state (log and snapshots); unset: in memory only, a restart
+    /// starts empty. One live server per directory.
+    #[arg(long, env = "KV_INDEXER_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Seconds between snapshots of the state (with a state directory); one is also written
+    /// at SIGINT/SIGTERM. 0: only then.
+    #[arg(long, env = "KV_INDEXER_SNAPSHOT_INTERVAL_S", default_value = "60")]
+    pub snapshot_interval_s: u64,
+
+    /// When an accepted apply is durable: `always` (fdatasync before the answer), `batch`
+    /// (written before the answer, fdatasync within 5 ms), `off` (no fdatasync between
+    /// snapshots).
+    #[arg(long, env = "KV_INDEXER_LOG_SYNC", value_enum, default_value = "batch")]
+    pub log_sync: SyncPolicy,
+
+    /// Seconds without an apply (a batch or a bridge heartbeat) after which a worker's
+    /// placements are purged; 0: never.
+    #[arg(long, env = "KV_INDEXER_WORKER_TTL_S", default_value = "30")]
+    pub worker_ttl_s: u64,
+
+    /// When the state directory's snapshot or log is corrupt, move the files aside and start
+    /// empty instead of refusing to start.
+    #[arg(long, env = "KV_INDEXER_DISCARD_CORRUPT_STATE")]
+    pub discard_corrupt_state: bool,
+
     /// Seconds a shutdown (SIGINT, SIGTERM) waits for open connections to finish their calls
     /// before it drops them.
     #[arg(long, env = "KV_INDEXER_DRAIN_TIMEOUT_S", default_value = "10")]
@@ -72,6 +99,14 @@ pub struct Config {
     pub access: Access,
     /// How long a shutdown waits for open connections to finish before it drops them.
     pub drain_timeout: Duration,
+    /// The writer's sync policy and worker TTL.
+    pub writer: WriterConfig,
+    /// Where the durable state lives (`None`: in memory).
+    pub state_dir: Option<PathBuf>,
+    /// Between periodic snapshots (`None`: only at shutdown).
+    pub snapshot_interval: Option<Duration>,
+    /// Start empty (files moved aside) rather than refuse a corrupt state directory.
+    pub discard_corrupt_state: bool,
 }
 
 /// The default of [`Config::drain_timeout`].
@@ -83,6 +118,13 @@ impl Default for Config {
             prefix_query_max_inflight: 32,
             access: Access::default(),
             drain_timeout: DRAIN_TIMEOUT,
+            writer: WriterConfig {
+                sync: SyncPolicy::Batch,
+                worker_ttl: Some(Duration::from_secs(30)),
+            },
+            state_dir: None,
+            snapshot_interval: Some(Duration::from_secs(60)),
+            discard_corrupt_state: false,
         }
     }
 }
@@ -94,6 +136,14 @@ impl Config {
             prefix_query_max_inflight: args.prefix_query_max_inflight.get(),
             access: Access::from_args(args)?,
             drain_timeout: Duration::from_secs(args.drain_timeout_s),
+            writer: WriterConfig {
+                sync: args.log_sync,
+                worker_ttl: (args.worker_ttl_s > 0).then(|| Duration::from_secs(args.worker_ttl_s)),
+            },
+            state_dir: args.state_dir.clone(),
+            snapshot_interval: (args.snapshot_interval_s > 0)
+                .then(|| Duration::from_secs(args.snapshot_interval_s)),
+            discard_corrupt_state: args.discard_corrupt_state,
         })
     }
 }
@@ -167,6 +217,11 @@ mod tests {
             "KV_INDEXER_TLS_CLIENT_CA",
             "KV_INDEXER_WRITE_TOKEN",
             "KV_INDEXER_DRAIN_TIMEOUT_S",
+            "KV_INDEXER_STATE_DIR",
+            "KV_INDEXER_SNAPSHOT_INTERVAL_S",
+            "KV_INDEXER_LOG_SYNC",
+            "KV_INDEXER_WORKER_TTL_S",
+            "KV_INDEXER_DISCARD_CORRUPT_STATE",
             "KV_INDEXER_READ_TOKEN",
         ] {
             assert!(help.contains(var), "--help does not mention {var}");

@@ -14,6 +14,20 @@ pub enum ServerError {
     DeadlineSpent { late_by_us: u128 },
     #[error("query task failed")]
     Task(#[source] tokio::task::JoinError),
+    #[error(
+        "worker {worker_id}: this bridge's incarnation {incarnation} is older than {newest}, which another bridge for the worker sent: this bridge is fenced"
+    )]
+    Fenced {
+        worker_id: String,
+        incarnation: u64,
+        newest: u64,
+    },
+    #[error("the index is still being recovered from KV_INDEXER_STATE_DIR; retry shortly")]
+    NotReady,
+    #[error("the server is stopping")]
+    WriterGone,
+    #[error("the log cannot be written; changes are refused until the server restarts")]
+    LogUnwritable(#[source] std::sync::Arc<crate::state::StateError>),
 }
 
 impl ServerError {
@@ -26,6 +40,10 @@ impl ServerError {
             ServerError::Overloaded { .. } => Code::ResourceExhausted,
             ServerError::DeadlineSpent { .. } => Code::DeadlineExceeded,
             ServerError::Task(_) => Code::Internal,
+            ServerError::Fenced { .. } => Code::FailedPrecondition,
+            ServerError::NotReady | ServerError::WriterGone | ServerError::LogUnwritable(_) => {
+                Code::Unavailable
+            }
         }
     }
 }

@@ -33,6 +33,21 @@ pub fn tls_handshake_failed() {
     metrics::counter!("kv_indexer_tls_handshake_failures_total").increment(1);
 }
 
+/// A liveness sweep that would have expired every live worker, refused.
+pub fn mass_expiry_refused() {
+    metrics::counter!("kv_indexer_mass_expiry_refused_total").increment(1);
+}
+
+pub fn workers_expired(count: usize) {
+    metrics::counter!("kv_indexer_workers_expired_total").increment(count as u64);
+}
+
+pub fn snapshot_written(bytes: u64, took: Duration) {
+    metrics::counter!("kv_indexer_snapshots_total").increment(1);
+    metrics::gauge!("kv_indexer_snapshot_bytes").set(bytes as f64);
+    metrics::gauge!("kv_indexer_snapshot_seconds").set(took.as_secs_f64());
+}
+
 pub fn index_size(stats: IndexStats) {
     metrics::gauge!("kv_indexer_blocks").set(stats.blocks as f64);
     metrics::gauge!("kv_indexer_placements").set(stats.placements as f64);

@@ -34,6 +34,8 @@ use crate::deadline::Arrival;
 use crate::error::StartError;
 use crate::observe;
 use crate::service::{IndexerService, Shared};
+use crate::state::Meta;
+use crate::state::writer::Writer;
 
 /// HTTP/2 streams allowed at once on one connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 64;
@@ -334,13 +336,13 @@ pub fn serve_on_own_thread(
 
 /// The gRPC services: the Indexer, health (SERVING from the start) and reflection.
 async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
+    shared.publish_health().await;
+    let health_service = tonic_health::pb::health_server::HealthServer::new(
+        tonic_health::server::HealthService::from_health_reporter(shared.health().clone()),
+    );
     let indexer = KvIndexerServer::new(IndexerService::new(shared))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<KvIndexerServer<IndexerService>>()
-        .await;
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(kv_indexer_proto::FILE_DESCRIPTOR_SET)
@@ -359,9 +361,18 @@ async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
     Ok(routes.routes())
 }
 
-/// Shared state for a server with `config`.
+/// Shared state for an in-memory server with `config`, ready at once (its writer started).
 pub fn shared(config: &Config) -> Arc<Shared> {
-    Arc::new(Shared::new(config))
+    let shared = Arc::new(Shared::new(config));
+    let writer = Writer::start(
+        shared.index_cell(),
+        None,
+        Meta::new(),
+        config.writer.clone(),
+    )
+    .expect("starting the writer thread");
+    shared.install(None, writer);
+    shared
 }
 
 #[cfg(test)]

@@ -34,16 +34,27 @@ use crate::config::Config;
 use crate::deadline::{Arrival, deadline};
 use crate::error::ServerError;
 use crate::observe;
+use crate::state::writer::Writer;
 use kv_common::DoublingLog;
 use kv_indexer_proto::convert;
+use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 
 /// Prefix queries longer than this run on the blocking pool instead of an async worker.
 const INLINE_PREFIX_HASHES: usize = 4096;
 
+/// The index, shared by the service (readers) and the writer thread (the one writer).
+pub type IndexCell = Arc<RwLock<Index>>;
+
 /// State shared by every connection.
-#[derive(Debug)]
 pub struct Shared {
-    index: RwLock<Index>,
+    index: IndexCell,
+    /// Set once the index is loaded: until then every RPC but health answers UNAVAILABLE.
+    writer: std::sync::OnceLock<Writer>,
+    health: HealthReporter,
+    /// Serializes health updates, so that the last one written is the current state's.
+    health_update: tokio::sync::Mutex<()>,
     admission: Arc<Semaphore>,
     limit: usize,
     shed: DoublingLog,
@@ -58,13 +69,72 @@ impl Shared {
         Shared {
             access: config.access.clone(),
             drain_timeout: config.drain_timeout,
-            index: RwLock::new(Index::new()),
+            index: Arc::new(RwLock::new(Index::new())),
+            writer: std::sync::OnceLock::new(),
+            health: HealthReporter::new(),
+            health_update: tokio::sync::Mutex::new(()),
             admission: Arc::new(Semaphore::new(config.prefix_query_max_inflight)),
             limit: config.prefix_query_max_inflight,
             shed: DoublingLog::default(),
             rejected: DoublingLog::default(),
             prefix_scans: AtomicU64::new(0),
         }
+    }
+
+    /// The index cell, for the writer thread.
+    pub fn index_cell(&self) -> IndexCell {
+        self.index.clone()
+    }
+
+    /// Installs the recovered (or empty) index and the writer that changes it from now on:
+    /// the server is ready. Called once.
+    pub fn install(&self, index: Option<Index>, writer: Writer) {
+        if let Some(index) = index {
+            *self.index.write() = index;
+        }
+        if self.writer.set(writer).is_err() {
+            warn!("the index was installed twice; keeping the first writer");
+        }
+    }
+
+    /// Whether the index is loaded and changes are accepted.
+    pub fn is_ready(&self) -> bool {
+        self.writer.get().is_some()
+    }
+
+    /// The writer, once ready.
+    pub fn writer(&self) -> Result<&Writer, ServerError> {
+        self.writer.get().ok_or(ServerError::NotReady)
+    }
+
+    /// The health reporter every listener serves (`grpc.health.v1`).
+    pub fn health(&self) -> &HealthReporter {
+        &self.health
+    }
+
+    /// Publishes SERVING or NOT_SERVING (overall and for the `KVIndexer` service) as the
+    /// readiness now says.
+    pub async fn publish_health(&self) {
+        let _serialized = self.health_update.lock().await;
+        let status = if self.is_ready() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        self.health.set_service_status("", status).await;
+        self.health
+            .set_service_status(
+                <KvIndexerServer<IndexerService> as tonic::server::NamedService>::NAME,
+                status,
+            )
+            .await;
+    }
+
+    /// A SHA-256 of everything the index holds, in a canonical order (hex): two indexes that
+    /// answer every query alike have the same digest, whatever their layout.
+    pub fn digest(&self) -> String {
+        let export = self.index.read().export();
+        crate::state::digest(export)
     }
 
     /// Who may connect and call: the configured TLS and tokens.
@@ -80,6 +150,11 @@ impl Shared {
     /// Sizes of the index now (waits for the read lock: not for async worker threads).
     pub fn index_stats(&self) -> IndexStats {
         self.index.read().stats()
+    }
+
+    /// Everything the index holds (waits for the read lock: not for async worker threads).
+    pub fn export(&self) -> kv_index::Export {
+        self.index.read().export()
     }
 
     /// Runs `query` on the index under the read lock: inline when the lock is free at once,
@@ -105,25 +180,6 @@ impl Shared {
         tokio::task::spawn_blocking(move || query(&shared, &shared.index.read()))
             .await
             .map_err(ServerError::Task)
-    }
-
-    /// Runs `change` under the write lock on the blocking pool; a panic inside it aborts the
-    /// process before the lock is released.
-    async fn write<T, F>(self: &Arc<Self>, change: F) -> Result<T, ServerError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut Index) -> T + Send + 'static,
-    {
-        let shared = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut index = shared.index.write();
-            let abort = AbortOnPanic("changing the index");
-            let result = change(&mut index);
-            drop(abort);
-            result
-        })
-        .await
-        .map_err(ServerError::Task)
     }
 
     /// Holds the index's write lock until the guard is dropped: queries and applies wait, while
@@ -242,15 +298,9 @@ impl IndexerService {
         &self,
         request: pb::ApplyExternalKvBatchRequest,
     ) -> Result<pb::ApplyExternalKvBatchResponse, ServerError> {
-        let batch = convert::apply_request(request).validate()?;
-        let stats = self
-            .shared
-            .write(move |index| {
-                index.apply(&batch);
-                index.stats()
-            })
-            .await?;
-        observe::index_size(stats);
+        let writer = self.shared.writer()?;
+        let valid = convert::apply_request(request.clone()).validate()?;
+        writer.apply(request, valid).await?;
         Ok(pb::ApplyExternalKvBatchResponse {})
     }
 
@@ -266,6 +316,7 @@ impl IndexerService {
             Some(permit) => permit,
             None => shared.admit()?,
         };
+        shared.writer()?;
         shared.check_deadline(deadline)?;
         let request = request.into_inner();
         validate_prefix(&request.hashes)?;
@@ -286,15 +337,10 @@ impl IndexerService {
         &self,
         request: pb::MatchExternalKvRequest,
     ) -> Result<pb::MatchExternalKvResponse, ServerError> {
+        let writer = self.shared.writer()?;
         validate_lookup(&request.hashes)?;
         let matches = if request.count_as_hit {
-            self.shared
-                .write(move |index| {
-                    let matches = index.match_kv(&request.hashes)?;
-                    index.count_hits(&request.hashes);
-                    Ok::<_, ServerError>(matches)
-                })
-                .await??
+            writer.count_hits(request.hashes).await?
         } else {
             self.shared
                 .read(move |_, index| index.match_kv(&request.hashes))
@@ -307,6 +353,7 @@ impl IndexerService {
         &self,
         request: pb::GetExternalKvHitCountsRequest,
     ) -> Result<pb::GetExternalKvHitCountsResponse, ServerError> {
+        self.shared.writer()?;
         let entries = self
             .shared
             .read(move |_, index| index.hit_counts(&request.hashes))
@@ -374,6 +421,16 @@ impl KvIndexer for IndexerService {
         let start = arrival(&request);
         let result = self.hit_counts(request.into_inner()).await;
         finish("GetExternalKvHitCounts", start, result)
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("ready", &self.is_ready())
+            .field("limit", &self.limit)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
     }
 }
 

@@ -82,6 +82,7 @@ impl TestIndexer {
                     }],
                     worker_address: address.into(),
                     cache_spec: None,
+                    bridge_incarnation: None,
                 })
                 .await
                 .expect("the test indexer accepts a plain REPORT");

@@ -169,6 +169,7 @@ fn report() -> pb::ApplyExternalKvBatchRequest {
         }],
         worker_address: "http://127.0.0.1:30000".into(),
         cache_spec: None,
+        bridge_incarnation: None,
     }
 }
 

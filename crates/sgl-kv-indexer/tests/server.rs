@@ -107,6 +107,7 @@ fn apply(worker: &str, actions: Vec<pb::ExternalKvAction>) -> pb::ApplyExternalK
         actions,
         worker_address: format!("http://{worker}:30000"),
         cache_spec: None,
+        bridge_incarnation: None,
     }
 }
 

@@ -32,6 +32,7 @@
 
 mod apply;
 mod compaction;
+mod export;
 mod invariants;
 mod layout;
 
@@ -41,6 +42,7 @@ use rustc_hash::FxBuildHasher;
 use crate::table::BlockTable;
 use crate::types::{IndexStats, ValidApply};
 
+pub use export::{Export, ExportedWorker, Held};
 pub(crate) use layout::{Chunk, Found, Placement};
 use layout::{Worker, found_at};
 

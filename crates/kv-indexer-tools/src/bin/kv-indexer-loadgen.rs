@@ -125,6 +125,7 @@ fn apply(
             ..Default::default()
         }],
         cache_spec: None,
+        bridge_incarnation: None,
     }
 }
 

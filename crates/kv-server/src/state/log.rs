@@ -115,7 +115,10 @@ fn segment_path(dir: &Path, first: u64) -> PathBuf {
 fn read_segment(segment: &Segment, last: bool) -> Result<(Vec<Vec<u8>>, u64), LogError> {
     let path = &segment.path;
     let file = File::open(path).map_err(io("opening", path))?;
-    let size = file.metadata().map_err(io("reading the size of", path))?.len();
+    let size = file
+        .metadata()
+        .map_err(io("reading the size of", path))?
+        .len();
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut header = [0u8; HEADER_LEN as usize];
     if size < HEADER_LEN || reader.read_exact(&mut header).is_err() {
@@ -206,7 +209,11 @@ fn read_frame(reader: &mut impl Read, remaining: u64) -> Result<Vec<u8>, BadFram
     let frame_len = (FRAME_LEN + len) as u64;
     if crc32fast::hash(&frame[..4]) != len_crc || len > MAX_RECORD_BYTES {
         // Not a cut: a damaged length. Only a frame ending the file may be a torn write.
-        return Err(bad("a frame header whose checksum does not match", FRAME_LEN as u64, false));
+        return Err(bad(
+            "a frame header whose checksum does not match",
+            FRAME_LEN as u64,
+            false,
+        ));
     }
     if frame_len > remaining {
         return Err(bad("a record cut short", frame_len, true));
@@ -216,7 +223,11 @@ fn read_frame(reader: &mut impl Read, remaining: u64) -> Result<Vec<u8>, BadFram
         .read_exact(&mut payload)
         .map_err(|_| bad("unreadable record", frame_len, true))?;
     if crc32fast::hash(&payload) != crc {
-        return Err(bad("a record whose checksum does not match", frame_len, false));
+        return Err(bad(
+            "a record whose checksum does not match",
+            frame_len,
+            false,
+        ));
     }
     Ok(payload)
 }
@@ -257,7 +268,8 @@ impl FileLog {
             .write(true)
             .open(&newest.path)
             .map_err(io("opening", &newest.path))?;
-        file.set_len(good_len).map_err(io("cutting", &newest.path))?;
+        file.set_len(good_len)
+            .map_err(io("cutting", &newest.path))?;
         let mut log = FileLog {
             dir: dir.to_path_buf(),
             file,
@@ -305,9 +317,15 @@ impl FileLog {
         Ok(())
     }
 
-    /// The closed segments, which hold exactly the records before the current segment's.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Another handle on the segment being appended to (for a syncer thread).
+    pub fn segment_file(&self) -> Result<File, LogError> {
+        self.file
+            .try_clone()
+            .map_err(io("duplicating the handle of", &self.path))
     }
 }
 
@@ -373,7 +391,10 @@ pub fn read_dir_from(
             return Err(corrupt(
                 &segment.path,
                 0,
-                format!("starts at position {}, the segment before ends at {expected}", segment.first),
+                format!(
+                    "starts at position {}, the segment before ends at {expected}",
+                    segment.first
+                ),
             ));
         }
         let (records, _) = read_segment(segment, next_first.is_none())?;
@@ -449,7 +470,12 @@ mod tests {
         let path = segment_path(&dir, 0);
         let size = std::fs::metadata(&path).unwrap().len();
         // Half of the last record made it to disk.
-        OpenOptions::new().write(true).open(&path).unwrap().set_len(size - 50).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(size - 50)
+            .unwrap();
         let mut log = FileLog::open(&dir).unwrap();
         assert_eq!(log.end(), 3);
         log.append(&records(1, 7)).unwrap();
@@ -469,7 +495,9 @@ mod tests {
         let second_record = HEADER_LEN as usize + FRAME_LEN + 100 + FRAME_LEN + 3;
         bytes[second_record] ^= 0x40;
         std::fs::write(&path, &bytes).unwrap();
-        let error = FileLog::open(&dir).err().expect("corruption stops the open");
+        let error = FileLog::open(&dir)
+            .err()
+            .expect("corruption stops the open");
         let text = error.to_string();
         let offset = HEADER_LEN as usize + FRAME_LEN + 100;
         assert!(text.contains(&format!("at byte {offset}")), "{text}");
@@ -546,6 +574,15 @@ mod tests {
         log.trim_before(4).unwrap();
         assert_eq!(positions(&log.read_from(3).unwrap()), [3, 4, 5]);
         let gap = log.read_from(1).unwrap_err();
-        assert!(matches!(gap, LogError::Gap { first: 3, wanted: 1 }), "{gap}");
+        assert!(
+            matches!(
+                gap,
+                LogError::Gap {
+                    first: 3,
+                    wanted: 1
+                }
+            ),
+            "{gap}"
+        );
     }
 }

@@ -22,7 +22,14 @@ async fn main() -> anyhow::Result<()> {
 
     let stop = CancellationToken::new();
     if let Some(addr) = metrics_addr {
-        telemetry::serve_on("KV_INDEXER_BRIDGE_METRICS_ADDR", addr, &[], &stop).await?;
+        telemetry::serve_on(
+            "KV_INDEXER_BRIDGE_METRICS_ADDR",
+            addr,
+            &[],
+            Vec::new(),
+            &stop,
+        )
+        .await?;
     }
     tokio::spawn({
         let stop = stop.clone();

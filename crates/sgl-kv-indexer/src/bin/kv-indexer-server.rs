@@ -1,9 +1,15 @@
-//! `kv-indexer-server`: parse settings, start logging, bind, serve until SIGINT or SIGTERM.
+//! `kv-indexer-server`: parse settings, start logging, bind, recover the state directory (if
+//! any) while the listeners answer NOT_SERVING, serve until SIGINT or SIGTERM, drain, and
+//! write the final snapshot.
+
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use kv_common::{signal, telemetry};
-use kv_server::{Args, Config, observe, server};
+use kv_common::signal;
+use kv_common::telemetry::{self, Page};
+use kv_server::service::Shared;
+use kv_server::{Args, Config, observe, server, state};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -23,8 +29,17 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding KV_INDEXER_LISTEN_ADDR {}", args.listen_addr))?;
 
     let stop = CancellationToken::new();
+    let shared = Arc::new(Shared::new(&config));
     if let Some(addr) = args.metrics_addr {
-        telemetry::serve_on("KV_INDEXER_METRICS_ADDR", addr, observe::BUCKETS, &stop).await?;
+        let pages = vec![state_page(shared.clone())];
+        telemetry::serve_on(
+            "KV_INDEXER_METRICS_ADDR",
+            addr,
+            observe::BUCKETS,
+            pages,
+            &stop,
+        )
+        .await?;
     }
     tokio::spawn({
         let stop = stop.clone();
@@ -34,8 +49,6 @@ async fn main() -> anyhow::Result<()> {
             stop.cancel();
         }
     });
-
-    let shared = server::shared(&config);
     let apply_thread = match args.apply_listen_addr {
         None => None,
         Some(addr) => {
@@ -46,16 +59,49 @@ async fn main() -> anyhow::Result<()> {
             Some(thread)
         }
     };
-    let result = server::run(listener, shared, stop.clone().cancelled_owned()).await;
+    let serving = tokio::spawn(server::run(
+        listener,
+        shared.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    let booted = state::boot(&shared, &config).await;
+    if let Err(error) = booted {
+        stop.cancel();
+        return Err(error).context("recovering KV_INDEXER_STATE_DIR");
+    }
+    state::spawn_maintenance(shared.clone(), &config, stop.clone());
+
+    let result = serving.await.context("the server task")?;
     stop.cancel();
     if let Some(thread) = apply_thread {
         match thread.join() {
             Ok(Err(error)) => {
-                warn!(error = %anyhow::Error::from(error), "the apply listener failed")
+                warn!(error = %kv_common::error_chain(&error), "the apply listener failed")
             }
             Err(_) => warn!("the apply listener's thread panicked"),
             Ok(Ok(())) => {}
         }
     }
+    if let Ok(writer) = shared.writer() {
+        writer.stop().await.context("writing the final snapshot")?;
+    }
     Ok(result?)
+}
+
+/// `GET /state` on the admin address: readiness, sizes and the index digest, as JSON.
+fn state_page(shared: Arc<Shared>) -> Page {
+    Page {
+        path: "/state",
+        render: Arc::new(move || {
+            let stats = shared.index_stats();
+            format!(
+                "{{\"ready\":{},\"blocks\":{},\"placements\":{},\"workers\":{},\"digest\":\"{}\"}}\n",
+                shared.is_ready(),
+                stats.blocks,
+                stats.placements,
+                stats.workers,
+                shared.digest()
+            )
+        }),
+    }
 }

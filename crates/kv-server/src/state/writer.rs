@@ -1,0 +1,665 @@
+//! The writer: one thread that turns accepted changes into log records and applies them to the
+//! index in log order.
+//!
+//! Jobs come over a bounded channel. The writer takes what is queued as one group: it checks
+//! each apply against the worker's newest bridge incarnation (fencing), encodes the accepted
+//! ones, appends the whole group with one write, makes it as durable as the sync policy says,
+//! then applies each record to the index (the write lock per record, so queries interleave)
+//! and answers. With no state directory the same path runs without a log.
+//!
+//! Sync policies (`KV_INDEXER_LOG_SYNC`): `always` answers after an fdatasync that covers the
+//! record (the records that arrived meanwhile share it); `batch` answers after the write (the
+//! record survives a crash of the process) and a syncer thread runs fdatasync within
+//! [`BATCH_SYNC_BOUND`] of it (a machine crash loses at most that much); `off` never syncs
+//! between snapshots.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kv_index::{Index, IndexStats, NodeMatch, ValidApply};
+use kv_indexer_proto::v1 as pb;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{error, info, warn};
+
+use super::dir::StateDir;
+use super::log::{EventLog, FileLog};
+use super::record::{Change, Record};
+use super::{Applied, Meta, StateError, apply_record, apply_valid, fence, snapshot};
+use crate::error::ServerError;
+use crate::service::{AbortOnPanic, IndexCell};
+
+/// The longest a `batch`-synced record waits for its fdatasync.
+pub const BATCH_SYNC_BOUND: Duration = Duration::from_millis(5);
+/// Jobs queued for the writer before senders wait.
+const QUEUE: usize = 4096;
+/// Jobs taken as one group at most.
+const GROUP: usize = 512;
+
+/// How the log is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SyncPolicy {
+    Always,
+    Batch,
+    Off,
+}
+
+/// The writer's settings.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    pub sync: SyncPolicy,
+    /// A worker with no apply for this long is expired (`None`: never).
+    pub worker_ttl: Option<Duration>,
+}
+
+/// What the server sends the writer.
+enum Job {
+    Apply {
+        request: Box<pb::ApplyExternalKvBatchRequest>,
+        valid: ValidApply,
+        reply: oneshot::Sender<Result<IndexStats, ServerError>>,
+    },
+    CountHits {
+        hashes: Vec<i64>,
+        reply: oneshot::Sender<Result<Vec<NodeMatch>, ServerError>>,
+    },
+    Sweep,
+    Snapshot,
+    Stop(oneshot::Sender<Result<(), StateError>>),
+}
+
+/// The handle the service sends changes through; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Writer {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Job::Apply { .. } => "Apply",
+            Job::CountHits { .. } => "CountHits",
+            Job::Sweep => "Sweep",
+            Job::Snapshot => "Snapshot",
+            Job::Stop(_) => "Stop",
+        })
+    }
+}
+
+impl Writer {
+    /// Starts the writer thread over `index`; `durable` is the state directory and
+    /// its log (none: in memory), `meta` the workers' fencing and liveness state.
+    pub fn start(
+        index: IndexCell,
+        durable: Option<(StateDir, FileLog)>,
+        meta: Meta,
+        config: WriterConfig,
+    ) -> std::io::Result<Writer> {
+        let (jobs, queue) = mpsc::channel(QUEUE);
+        let durable = durable.map(|(dir, log)| Durable::new(dir, log, config.sync));
+        let thread = Thread {
+            index,
+            meta,
+            durable,
+            config,
+            failed: None,
+            guard_trips: 0,
+        };
+        std::thread::Builder::new()
+            .name("kv-indexer-writer".into())
+            .spawn(move || thread.run(queue))?;
+        Ok(Writer { jobs })
+    }
+
+    /// Logs and applies a validated apply; answers once it is in the index.
+    pub async fn apply(
+        &self,
+        request: pb::ApplyExternalKvBatchRequest,
+        valid: ValidApply,
+    ) -> Result<IndexStats, ServerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::Apply {
+            request: Box::new(request),
+            valid,
+            reply,
+        })
+        .await?;
+        answer.await.map_err(|_| ServerError::WriterGone)?
+    }
+
+    /// Logs and counts a hit-counting match, answering the match.
+    pub async fn count_hits(&self, hashes: Vec<i64>) -> Result<Vec<NodeMatch>, ServerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::CountHits { hashes, reply }).await?;
+        answer.await.map_err(|_| ServerError::WriterGone)?
+    }
+
+    /// Asks for a liveness sweep (dropped when the writer is busy: the next tick retries).
+    pub fn sweep(&self) {
+        let _ = self.jobs.try_send(Job::Sweep);
+    }
+
+    /// Asks for a snapshot in the background (dropped when the writer is busy).
+    pub fn snapshot(&self) {
+        let _ = self.jobs.try_send(Job::Snapshot);
+    }
+
+    /// Applies what is queued, writes the final snapshot and stops the writer.
+    pub async fn stop(&self) -> Result<(), StateError> {
+        let (reply, done) = oneshot::channel();
+        if self.jobs.send(Job::Stop(reply)).await.is_err() {
+            return Ok(());
+        }
+        done.await.unwrap_or(Ok(()))
+    }
+
+    async fn send(&self, job: Job) -> Result<(), ServerError> {
+        self.jobs
+            .send(job)
+            .await
+            .map_err(|_| ServerError::WriterGone)
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The log, its directory and the snapshot in progress.
+struct Durable {
+    dir: StateDir,
+    log: FileLog,
+    policy: SyncPolicy,
+    syncer: Option<Syncer>,
+    /// The newest snapshot's position.
+    snapshot_position: u64,
+    building: Option<std::thread::JoinHandle<Result<Built, StateError>>>,
+}
+
+struct Built {
+    position: u64,
+    bytes: u64,
+    took: Duration,
+}
+
+impl Durable {
+    fn new(dir: StateDir, log: FileLog, policy: SyncPolicy) -> Durable {
+        let snapshot_position = snapshot::list(dir.path())
+            .ok()
+            .and_then(|mut list| list.pop())
+            .map_or(0, |(position, _)| position);
+        let syncer = (policy == SyncPolicy::Batch).then(|| Syncer::start(dir.path().to_path_buf()));
+        Durable {
+            dir,
+            log,
+            policy,
+            syncer,
+            snapshot_position,
+            building: None,
+        }
+    }
+
+    /// Appends a group and makes it as durable as the policy says.
+    fn append(&mut self, records: &[Vec<u8>]) -> Result<(), StateError> {
+        self.log.append(records)?;
+        match self.policy {
+            SyncPolicy::Always => self.log.sync()?,
+            SyncPolicy::Batch => {
+                if let Some(syncer) = &self.syncer {
+                    syncer.due(&self.log)?;
+                }
+            }
+            SyncPolicy::Off => {}
+        }
+        Ok(())
+    }
+}
+
+/// Runs fdatasync on the log within [`BATCH_SYNC_BOUND`] of a write, off the writer thread.
+struct Syncer {
+    shared: Arc<SyncState>,
+}
+
+struct SyncState {
+    file: Mutex<Option<std::fs::File>>,
+    dirty: AtomicBool,
+}
+
+impl Syncer {
+    fn start(dir: PathBuf) -> Syncer {
+        let shared = Arc::new(SyncState {
+            file: Mutex::new(None),
+            dirty: AtomicBool::new(false),
+        });
+        let state = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("kv-indexer-sync".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(BATCH_SYNC_BOUND);
+                    if Arc::strong_count(&state) == 1 {
+                        return;
+                    }
+                    if state.dirty.swap(false, Ordering::AcqRel)
+                        && let Some(file) = state.file.lock().as_ref()
+                        && let Err(error) = file.sync_data()
+                    {
+                        error!(%error, dir = %dir.display(), "fdatasync of the log failed");
+                    }
+                }
+            });
+        if let Err(error) = spawned {
+            warn!(%error, "no syncer thread: the log is synced at snapshots only");
+        }
+        Syncer { shared }
+    }
+
+    /// Marks the log's current segment as needing a sync.
+    fn due(&self, log: &FileLog) -> Result<(), StateError> {
+        let mut file = self.shared.file.lock();
+        if file.is_none() {
+            *file = Some(log.segment_file()?);
+        }
+        self.shared.dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Forgets the segment (after a rotation).
+    fn rotated(&self) {
+        *self.shared.file.lock() = None;
+    }
+}
+
+/// A change accepted for the log, waiting for the group's append.
+enum Accepted {
+    Apply {
+        bytes: Vec<u8>,
+        valid: ValidApply,
+        incarnation: Option<u64>,
+        time_ms: u64,
+        reply: oneshot::Sender<Result<IndexStats, ServerError>>,
+    },
+    Other {
+        record: Record,
+        reply: Option<oneshot::Sender<Result<Vec<NodeMatch>, ServerError>>>,
+    },
+}
+
+struct Thread {
+    index: IndexCell,
+    meta: Meta,
+    durable: Option<Durable>,
+    config: WriterConfig,
+    /// Set when the log could not be written: later changes are refused.
+    failed: Option<Arc<StateError>>,
+    guard_trips: u64,
+}
+
+impl Thread {
+    fn run(mut self, mut queue: mpsc::Receiver<Job>) {
+        while let Some(first) = queue.blocking_recv() {
+            let mut group = vec![first];
+            while group.len() < GROUP {
+                match queue.try_recv() {
+                    Ok(job) => group.push(job),
+                    Err(_) => break,
+                }
+            }
+            if !self.run_group(group) {
+                return;
+            }
+        }
+        if let Err(error) = self.finish() {
+            error!(error = %kv_common::error_chain(&error), "the final snapshot failed");
+        }
+    }
+
+    /// Runs one group; false once stopped.
+    fn run_group(&mut self, group: Vec<Job>) -> bool {
+        let mut accepted = Vec::new();
+        for job in group {
+            match job {
+                Job::Apply {
+                    request,
+                    valid,
+                    reply,
+                } => {
+                    if let Some(accept) = self.accept_apply(*request, valid, reply) {
+                        accepted.push(accept);
+                    }
+                }
+                Job::CountHits { hashes, reply } => accepted.push(Accepted::Other {
+                    record: Record {
+                        time_ms: now_ms(),
+                        change: Change::CountHits(hashes),
+                    },
+                    reply: Some(reply),
+                }),
+                Job::Sweep => {
+                    self.commit(std::mem::take(&mut accepted));
+                    self.sweep();
+                }
+                Job::Snapshot => {
+                    self.commit(std::mem::take(&mut accepted));
+                    self.start_snapshot();
+                }
+                Job::Stop(reply) => {
+                    self.commit(std::mem::take(&mut accepted));
+                    let _ = reply.send(self.finish());
+                    return false;
+                }
+            }
+        }
+        self.commit(accepted);
+        true
+    }
+
+    /// Fences an apply; an accepted one raises the worker's incarnation at once, so that an
+    /// older bridge's apply later in the same group is fenced too.
+    fn accept_apply(
+        &mut self,
+        request: pb::ApplyExternalKvBatchRequest,
+        valid: ValidApply,
+        reply: oneshot::Sender<Result<IndexStats, ServerError>>,
+    ) -> Option<Accepted> {
+        if let Err(error) = fence(&self.meta, &request) {
+            let _ = reply.send(Err(error));
+            return None;
+        }
+        let incarnation = request.bridge_incarnation;
+        if let Some(incarnation) = incarnation {
+            let entry = self.meta.entry(request.worker_id.clone()).or_default();
+            entry.incarnation = entry.incarnation.max(incarnation);
+        }
+        let time_ms = now_ms();
+        // The record keeps the request as it came (its bytes are what replay validates).
+        let record = Record {
+            time_ms,
+            change: Change::Apply(request),
+        };
+        Some(Accepted::Apply {
+            bytes: record.encode(),
+            valid,
+            incarnation,
+            time_ms,
+            reply,
+        })
+    }
+
+    /// Appends the accepted changes as one group, then applies and answers each in order.
+    fn commit(&mut self, accepted: Vec<Accepted>) {
+        if accepted.is_empty() {
+            return;
+        }
+        if let Err(reason) = self.append(&accepted) {
+            for change in accepted {
+                change.refuse(ServerError::LogUnwritable(reason.clone()));
+            }
+            return;
+        }
+        for change in accepted {
+            self.apply(change);
+        }
+    }
+
+    /// Appends the group to the log; why not, when the log cannot be written.
+    fn append(&mut self, accepted: &[Accepted]) -> Result<(), Arc<StateError>> {
+        if let Some(reason) = &self.failed {
+            return Err(reason.clone());
+        }
+        let Some(durable) = &mut self.durable else {
+            return Ok(());
+        };
+        let records: Vec<Vec<u8>> = accepted
+            .iter()
+            .map(|change| match change {
+                Accepted::Apply { bytes, .. } => bytes.clone(),
+                Accepted::Other { record, .. } => record.encode(),
+            })
+            .collect();
+        durable.append(&records).map_err(|error| {
+            let reason = kv_common::error_chain(&error);
+            error!(%reason, "the log cannot be written: refusing changes until restart");
+            let error = Arc::new(error);
+            self.failed = Some(error.clone());
+            error
+        })
+    }
+
+    /// Applies one logged change to the index (a panic inside aborts, see [`AbortOnPanic`]).
+    fn apply(&mut self, change: Accepted) {
+        let mut index = self.index.write();
+        let abort = AbortOnPanic("applying a logged change");
+        match change {
+            Accepted::Apply {
+                valid,
+                incarnation,
+                time_ms,
+                reply,
+                ..
+            } => {
+                let stats = apply_valid(&mut index, &mut self.meta, &valid, incarnation, time_ms);
+                drop(abort);
+                drop(index);
+                crate::observe::index_size(stats);
+                let _ = reply.send(Ok(stats));
+            }
+            Accepted::Other { record, reply } => {
+                let result = apply_record(&mut index, &mut self.meta, &record);
+                drop(abort);
+                drop(index);
+                if let Some(reply) = reply {
+                    let _ = reply.send(result.map(|applied| match applied {
+                        Applied::CountHits(matches) => matches,
+                        _ => Vec::new(),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Expires the workers whose TTL ran out, unless that would be every live worker.
+    fn sweep(&mut self) {
+        let Some(ttl) = self.config.worker_ttl else {
+            return;
+        };
+        let now = now_ms();
+        let ttl_ms = ttl.as_millis() as u64;
+        let live: Vec<(&String, &super::WorkerMeta)> =
+            self.meta.iter().filter(|(_, meta)| !meta.expired).collect();
+        let mut expired: Vec<String> = live
+            .iter()
+            .filter(|(_, meta)| now.saturating_sub(meta.last_seen_ms) > ttl_ms)
+            .map(|(id, _)| (*id).clone())
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        if expired.len() == live.len() {
+            self.guard_trips += 1;
+            crate::observe::mass_expiry_refused();
+            warn!(
+                workers = live.len(),
+                ttl_s = ttl.as_secs_f64(),
+                trips = self.guard_trips,
+                "every live worker's TTL ran out in one sweep (a partition, a paused host, a clock jump?): expiring none"
+            );
+            return;
+        }
+        expired.sort();
+        info!(workers = ?expired, ttl_s = ttl.as_secs_f64(), "expiring workers with no apply within their TTL");
+        crate::observe::workers_expired(expired.len());
+        self.commit(vec![Accepted::Other {
+            record: Record {
+                time_ms: now,
+                change: Change::Expire(expired),
+            },
+            reply: None,
+        }]);
+    }
+
+    /// Rotates the log and builds a snapshot at the rotation point in the background, from the
+    /// previous snapshot and the closed segments: the live index is never read for it.
+    fn start_snapshot(&mut self) {
+        let Some(durable) = &mut self.durable else {
+            return;
+        };
+        if let Some(building) = durable.building.take() {
+            if !building.is_finished() {
+                durable.building = Some(building);
+                return;
+            }
+            durable.note_built(building);
+        }
+        if durable.log.end() == durable.snapshot_position || self.failed.is_some() {
+            return;
+        }
+        if let Err(error) = durable.rotate() {
+            warn!(error = %kv_common::error_chain(&error), "cannot rotate the log for a snapshot");
+            return;
+        }
+        let (dir, from, to) = (
+            durable.dir.path().to_path_buf(),
+            durable.snapshot_position,
+            durable.log.end(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("kv-indexer-snapshot".into())
+            .spawn(move || build_snapshot(&dir, from, to));
+        match spawned {
+            Ok(handle) => durable.building = Some(handle),
+            Err(error) => warn!(%error, "cannot start the snapshot thread"),
+        }
+    }
+
+    /// At shutdown: waits for a snapshot in progress, then snapshots the live state (nothing
+    /// changes it any more) and trims the log below it.
+    fn finish(&mut self) -> Result<(), StateError> {
+        let Some(durable) = &mut self.durable else {
+            return Ok(());
+        };
+        if let Some(building) = durable.building.take() {
+            durable.note_built(building);
+        }
+        durable.log.sync()?;
+        let position = durable.log.end();
+        if position == durable.snapshot_position {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let contents = snapshot::Contents {
+            position,
+            export: self.index.read().export(),
+            meta: self.meta.clone(),
+        };
+        let bytes = snapshot::write(durable.dir.path(), &contents)?;
+        durable.rotate()?;
+        let built = Built {
+            position,
+            bytes,
+            took: start.elapsed(),
+        };
+        durable.retire(&built)
+    }
+}
+
+impl Accepted {
+    fn refuse(self, error: ServerError) {
+        match self {
+            Accepted::Apply { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Accepted::Other {
+                reply: Some(reply), ..
+            } => {
+                let _ = reply.send(Err(error));
+            }
+            Accepted::Other { reply: None, .. } => {}
+        }
+    }
+}
+
+impl Durable {
+    fn rotate(&mut self) -> Result<(), StateError> {
+        self.log.rotate()?;
+        if let Some(syncer) = &self.syncer {
+            syncer.rotated();
+        }
+        Ok(())
+    }
+
+    /// Takes a finished snapshot build's result.
+    fn note_built(&mut self, building: std::thread::JoinHandle<Result<Built, StateError>>) {
+        match building.join() {
+            Ok(Ok(built)) => {
+                if let Err(error) = self.retire(&built) {
+                    warn!(error = %kv_common::error_chain(&error), "cannot trim the log below the snapshot");
+                }
+            }
+            Ok(Err(error)) => {
+                warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
+            }
+            Err(_) => warn!("the snapshot thread panicked"),
+        }
+    }
+
+    /// Records a written snapshot, deletes older snapshots and the log segments it covers.
+    fn retire(&mut self, built: &Built) -> Result<(), StateError> {
+        self.snapshot_position = built.position;
+        crate::observe::snapshot_written(built.bytes, built.took);
+        info!(
+            position = built.position,
+            bytes = built.bytes,
+            took_ms = built.took.as_millis() as u64,
+            "snapshot written"
+        );
+        for (position, path) in snapshot::list(self.dir.path())? {
+            if position < built.position {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        self.log.trim_before(built.position)?;
+        Ok(())
+    }
+}
+
+/// Builds the snapshot at `to` from the one at `from` (or nothing) and the records between.
+fn build_snapshot(dir: &std::path::Path, from: u64, to: u64) -> Result<Built, StateError> {
+    let start = Instant::now();
+    let (mut index, mut meta) = match snapshot::list(dir)?
+        .into_iter()
+        .find(|(position, _)| *position == from)
+    {
+        Some((_, path)) => {
+            let contents = snapshot::read(&path)?;
+            (snapshot::index(&contents), contents.meta)
+        }
+        None if from == 0 => (Index::new(), Meta::new()),
+        None => {
+            return Err(StateError::Log(super::log::LogError::Corrupt {
+                path: snapshot::path(dir, from),
+                offset: 0,
+                what: "the snapshot to build on is gone".into(),
+            }));
+        }
+    };
+    for (position, bytes) in super::log::read_dir_from(dir, from, Some(to))? {
+        super::replay(&mut index, &mut meta, dir, position, &bytes)?;
+    }
+    let contents = snapshot::Contents {
+        position: to,
+        export: index.export(),
+        meta,
+    };
+    let bytes = snapshot::write(dir, &contents)?;
+    Ok(Built {
+        position: to,
+        bytes,
+        took: start.elapsed(),
+    })
+}
