@@ -67,6 +67,8 @@ enum Job {
     },
     Sweep,
     Snapshot,
+    /// A snapshot, answered when it is written (for tests and tools).
+    SnapshotWait(oneshot::Sender<Result<u64, StateError>>),
     Stop(oneshot::Sender<Result<(), StateError>>),
 }
 
@@ -83,6 +85,7 @@ impl std::fmt::Debug for Job {
             Job::CountHits { .. } => "CountHits",
             Job::Sweep => "Sweep",
             Job::Snapshot => "Snapshot",
+            Job::SnapshotWait(_) => "SnapshotWait",
             Job::Stop(_) => "Stop",
         })
     }
@@ -144,6 +147,16 @@ impl Writer {
     /// Asks for a snapshot in the background (dropped when the writer is busy).
     pub fn snapshot(&self) {
         let _ = self.jobs.try_send(Job::Snapshot);
+    }
+
+    /// Snapshots now (built in the background like a periodic one) and answers with its
+    /// position once written: the state a crash from now on recovers from.
+    pub async fn snapshot_and_wait(&self) -> Result<u64, ServerError> {
+        let (reply, done) = oneshot::channel();
+        self.send(Job::SnapshotWait(reply)).await?;
+        done.await
+            .map_err(|_| ServerError::WriterGone)?
+            .map_err(|error| ServerError::LogUnwritable(Arc::new(error)))
     }
 
     /// Applies what is queued, writes the final snapshot and stops the writer.
@@ -348,6 +361,10 @@ impl Thread {
                     self.commit(std::mem::take(&mut accepted));
                     self.start_snapshot();
                 }
+                Job::SnapshotWait(reply) => {
+                    self.commit(std::mem::take(&mut accepted));
+                    let _ = reply.send(self.snapshot_and_wait());
+                }
                 Job::Stop(reply) => {
                     self.commit(std::mem::take(&mut accepted));
                     let _ = reply.send(self.finish());
@@ -535,6 +552,20 @@ impl Thread {
             Ok(handle) => durable.building = Some(handle),
             Err(error) => warn!(%error, "cannot start the snapshot thread"),
         }
+    }
+
+    fn snapshot_and_wait(&mut self) -> Result<u64, StateError> {
+        self.start_snapshot();
+        let Some(durable) = &mut self.durable else {
+            return Ok(0);
+        };
+        if let Some(building) = durable.building.take() {
+            let built = building.join().map_err(|_| {
+                StateError::Thread(std::io::Error::other("the snapshot thread panicked"))
+            })??;
+            durable.retire(&built)?;
+        }
+        Ok(durable.snapshot_position)
     }
 
     /// At shutdown: waits for a snapshot in progress, then snapshots the live state (nothing
