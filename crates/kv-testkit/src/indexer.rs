@@ -154,6 +154,21 @@ impl TestIndexer {
         .await;
     }
 
+    /// Holds the index's write lock on a thread of its own until [`IndexHold::release`], so
+    /// that admitted queries stay in flight.
+    pub fn hold(&self) -> IndexHold {
+        let (locked, wait_locked) = std::sync::mpsc::channel();
+        let (release, wait_release) = std::sync::mpsc::channel::<()>();
+        let shared = self.shared.clone();
+        let holder = std::thread::spawn(move || {
+            let _index = shared.lock_index();
+            locked.send(()).expect("the test waits for the lock");
+            let _ = wait_release.recv();
+        });
+        wait_locked.recv().expect("the holder takes the lock");
+        IndexHold { release, holder }
+    }
+
     /// Stops the server (also done on drop).
     pub fn stop(&self) {
         self.stop.cancel();
@@ -174,6 +189,22 @@ impl TestIndexer {
     pub async fn restart(&mut self) {
         self.shut_down().await;
         self.serve();
+    }
+}
+
+/// The index's write lock, held on a thread of its own (see [`TestIndexer::hold`]).
+pub struct IndexHold {
+    release: std::sync::mpsc::Sender<()>,
+    holder: std::thread::JoinHandle<()>,
+}
+
+impl IndexHold {
+    /// Lets the index go and waits until the holder has.
+    pub fn release(self) {
+        self.release
+            .send(())
+            .expect("the holder waits for the release");
+        self.holder.join().expect("the holder did not panic");
     }
 }
 

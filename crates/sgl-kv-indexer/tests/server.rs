@@ -2,14 +2,13 @@
 //! the 8 MiB boundary, admission, deadline shedding, atomicity under concurrency, health and
 //! reflection.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use kv_server::{Config, Shared, server};
-use kv_testkit::indexer::{CLEAR, DRAM, HBM, REPORT, REVOKE};
+use kv_server::{Config, server};
+use kv_testkit::indexer::{CLEAR, DRAM, HBM, IndexHold, REPORT, REVOKE};
 use kv_testkit::{Port, TestIndexer, wait};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -323,32 +322,6 @@ async fn long_scan_setup(client: &mut KvIndexerClient<Channel>, blocks: i64) -> 
     (0..blocks).collect()
 }
 
-/// The index's write lock, held on a thread of its own until released.
-struct HeldIndex {
-    release: std::sync::mpsc::Sender<()>,
-    holder: std::thread::JoinHandle<()>,
-}
-
-impl HeldIndex {
-    fn hold(shared: &Arc<Shared>) -> HeldIndex {
-        let (locked, wait_locked) = std::sync::mpsc::channel();
-        let (release, wait_release) = std::sync::mpsc::channel::<()>();
-        let shared = shared.clone();
-        let holder = std::thread::spawn(move || {
-            let _index = shared.lock_index();
-            locked.send(()).unwrap();
-            let _ = wait_release.recv();
-        });
-        wait_locked.recv().unwrap();
-        HeldIndex { release, holder }
-    }
-
-    fn release(self) {
-        self.release.send(()).unwrap();
-        self.holder.join().unwrap();
-    }
-}
-
 /// A prefix query running in a task of its own.
 type PrefixQuery = tokio::task::JoinHandle<
     Result<tonic::Response<pb::MatchExternalKvPrefixResponse>, tonic::Status>,
@@ -370,7 +343,7 @@ struct Flood {
     server: TestIndexer,
     client: KvIndexerClient<Channel>,
     hashes: Vec<i64>,
-    held: HeldIndex,
+    held: IndexHold,
     queries: Vec<PrefixQuery>,
 }
 
@@ -383,7 +356,7 @@ async fn flood(count: usize) -> Flood {
     // Long enough to run on the blocking pool, where an admitted query waits for the index.
     let hashes = long_scan_setup(&mut client, 5_000).await;
     // Hold the index so that admitted queries stay in flight.
-    let held = HeldIndex::hold(&server.shared);
+    let held = server.hold();
     let queries = spawn_prefix_queries(&server, count, &hashes);
     Flood {
         server,
