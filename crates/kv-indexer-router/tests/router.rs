@@ -209,15 +209,7 @@ async fn falls_back_to_load_when_the_indexer_is_unreachable() {
 #[tokio::test]
 async fn a_rejected_indexer_query_fails_the_request_with_503() {
     // A gRPC server without KVIndexer answers UNIMPLEMENTED: the two sides disagree.
-    let port = Port::reserve();
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
-                port.listen(),
-            )),
-    );
+    let port = kv_testkit::indexer::without_kv_indexer();
     let a = fake_worker("a").await;
     let endpoint = port.url();
     let router = start_router(&["--worker-urls", &a, "--kv-indexer-endpoint", &endpoint]).await;

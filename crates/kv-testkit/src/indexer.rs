@@ -192,6 +192,22 @@ impl TestIndexer {
     }
 }
 
+/// A gRPC server with the health service and without KVIndexer, on a port of its own: every
+/// Indexer RPC is answered UNIMPLEMENTED, as by a server of another kind. It serves until the
+/// test's runtime ends.
+pub fn without_kv_indexer() -> Port {
+    let port = Port::reserve();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+                port.listen(),
+            )),
+    );
+    port
+}
+
 /// The index's write lock, held on a thread of its own (see [`TestIndexer::hold`]).
 pub struct IndexHold {
     release: std::sync::mpsc::Sender<()>,

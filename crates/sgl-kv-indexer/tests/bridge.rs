@@ -7,8 +7,8 @@ use std::time::Duration;
 use kv_bridge::BridgeError;
 use kv_bridge::stats::Stats;
 use kv_testkit::indexer::Held;
-use kv_testkit::worker::{TOPIC, batch, captured, removed, stored};
-use kv_testkit::{BridgeFlags, FakeWorker, Port, RunningBridge, TestIndexer, wait};
+use kv_testkit::worker::{Captured, TOPIC, batch, captured, removed, stored};
+use kv_testkit::{BridgeFlags, FakeWorker, RunningBridge, TestIndexer, wait};
 use serde_json::Value;
 
 const WORKER: &str = "worker-0";
@@ -112,6 +112,13 @@ impl Setup {
         self.bridge.stop().await;
     }
 
+    /// Waits until the index shows what every message of `captured` leaves the worker holding.
+    async fn wait_for_all(&self, captured: &[Captured]) {
+        let events: Vec<&Value> = captured.iter().flat_map(|c| &c.events).collect();
+        self.wait_for(&simulate(events.iter().copied()), &all_hashes(&events))
+            .await;
+    }
+
     /// Checks that the bridge cleared the worker exactly `clears` times (`why`), then stops it.
     async fn stop_after_clears(self, clears: u64, why: &str) {
         assert_eq!(Stats::get(&self.bridge.stats.clears), clears, "{why}");
@@ -144,10 +151,7 @@ async fn check_captured_arrive(mut setup: Setup) {
     for batch in &captured {
         setup.worker.publish(batch.seq, &batch.payload).await;
     }
-    let events: Vec<&Value> = captured.iter().flat_map(|c| &c.events).collect();
-    setup
-        .wait_for(&simulate(events.iter().copied()), &all_hashes(&events))
-        .await;
+    setup.wait_for_all(&captured).await;
     let stats = &setup.bridge.stats;
     assert_eq!(Stats::get(&stats.gaps), 0);
     assert_eq!(Stats::get(&stats.batches), captured.len() as u64);
@@ -169,10 +173,7 @@ async fn heals_a_gap_exactly_from_the_replay_router() {
             setup.worker.publish(batch.seq, &batch.payload).await;
         }
     }
-    let events: Vec<&Value> = captured.iter().flat_map(|c| &c.events).collect();
-    setup
-        .wait_for(&simulate(events.iter().copied()), &all_hashes(&events))
-        .await;
+    setup.wait_for_all(&captured).await;
     let stats = &setup.bridge.stats;
     assert_eq!(Stats::get(&stats.gaps), 1);
     assert_eq!(
@@ -457,15 +458,7 @@ async fn carries_a_multi_megabyte_batch() {
 #[tokio::test]
 async fn stops_with_an_error_on_a_permanent_status() {
     // A gRPC server without the KVIndexer service answers UNIMPLEMENTED: a misconfiguration.
-    let port = Port::reserve();
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
-                port.listen(),
-            )),
-    );
+    let port = kv_testkit::indexer::without_kv_indexer();
     let mut worker = FakeWorker::start().await;
     let bridge = flags(&port.url(), &worker).start();
     // The start-up clear is the first RPC; it is rejected.
