@@ -141,6 +141,14 @@ def stop_all():
     ALL_PROCS.clear()
 
 
+def run_main(main):
+    """Exits with `main()`'s status, stopping every process the run started whatever happens."""
+    try:
+        sys.exit(main())
+    finally:
+        stop_all()
+
+
 class Fleet:
     def __init__(self, args, logs, sim_extra=(), replay=True, server_extra=()):
         self.args, self.logs = args, logs
@@ -466,7 +474,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    finally:
-        stop_all()
+    run_main(main)

@@ -27,7 +27,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fault_tests  # noqa: E402  (the fleet, the traffic and the comparison)
-from fault_tests import ROOT, Fleet, Traffic, rss_mib, settle, stop_all  # noqa: E402
+from fault_tests import ROOT, Fleet, Traffic, rss_mib, run_main, settle, stop_all  # noqa: E402
 
 
 def gauges(metrics_url):
@@ -115,7 +115,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    finally:
-        stop_all()
+    run_main(main)

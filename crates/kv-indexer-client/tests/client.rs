@@ -1,7 +1,6 @@
 //! The client against the real server on loopback: answers, every failure outcome the router
 //! contract names, replica fail-over, the local admission bound and long-prompt truncation.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,75 +9,19 @@ use kv_indexer_client::{
     ClientConfig, ClientError, Code, Endpoint, HitCount, IndexerClient, MAX_PREFIX_HASHES,
     NodeMatch, PrefixMatch, PrefixOutcome, Tier, TierPlacements,
 };
-use kv_indexer_proto::v1 as pb;
-use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use kv_server::{Config, Shared, server};
+use kv_server::Config;
+use kv_testkit::indexer::{DRAM, HBM, IndexHold};
+use kv_testkit::{Port, TestIndexer, wait};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
-use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
-const HBM: i32 = pb::TierType::TierHbm as i32;
-const DRAM: i32 = pb::TierType::TierDram as i32;
-const REPORT: i32 = pb::ExternalKvActionType::ActionReport as i32;
-
-/// A server on `127.0.0.1:0`, stopped when dropped.
-struct TestServer {
-    shared: Arc<Shared>,
-    addr: SocketAddr,
-    stop: CancellationToken,
+/// The client's endpoint for `server`.
+fn endpoint(server: &TestIndexer) -> Endpoint {
+    Endpoint::parse(&server.url()).unwrap()
 }
 
-impl TestServer {
-    async fn start(config: Config) -> TestServer {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shared = server::shared(&config);
-        let stop = CancellationToken::new();
-        tokio::spawn(server::run(
-            listener,
-            shared.clone(),
-            stop.clone().cancelled_owned(),
-        ));
-        TestServer { shared, addr, stop }
-    }
-
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::parse(&format!("http://{}", self.addr)).unwrap()
-    }
-
-    /// REPORTs `hashes` for `worker` at `tier`, 16,384 per apply.
-    async fn report(&self, worker: &str, tier: i32, hashes: &[i64]) {
-        let channel = Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = KvIndexerClient::new(channel);
-        for chunk in hashes.chunks(16_384) {
-            client
-                .apply_external_kv_batch(pb::ApplyExternalKvBatchRequest {
-                    worker_id: worker.into(),
-                    seq: 1,
-                    actions: vec![pb::ExternalKvAction {
-                        r#type: REPORT,
-                        tier,
-                        hashes: chunk.to_vec(),
-                        ..Default::default()
-                    }],
-                    worker_address: address(worker),
-                    cache_spec: None,
-                    bridge_incarnation: None,
-                })
-                .await
-                .unwrap();
-        }
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+/// REPORTs `hashes` for `worker` (at [`address`]) at `tier`.
+async fn report(server: &TestIndexer, worker: &str, tier: i32, hashes: &[i64]) {
+    server.report(worker, &address(worker), tier, hashes).await;
 }
 
 fn address(worker: &str) -> String {
@@ -93,12 +36,9 @@ fn client(endpoints: Vec<Endpoint>, tune: impl FnOnce(&mut ClientConfig)) -> Ind
     IndexerClient::new(config).unwrap()
 }
 
-/// An address nothing listens on: bound, read, released.
-async fn dead_endpoint() -> Endpoint {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    Endpoint::parse(&format!("http://{addr}")).unwrap()
+/// An endpoint that refuses connections while `port` lives (it is reserved, never listened on).
+fn dead_endpoint(port: &Port) -> Endpoint {
+    Endpoint::parse(&port.url()).unwrap()
 }
 
 fn matched(worker: &str, blocks: u32) -> PrefixMatch {
@@ -111,10 +51,10 @@ fn matched(worker: &str, blocks: u32) -> PrefixMatch {
 
 #[tokio::test]
 async fn matches_after_an_apply() {
-    let server = TestServer::start(Config::default()).await;
-    server.report("a", HBM, &[1, 2, 3]).await;
-    server.report("b", DRAM, &[1, 2]).await;
-    let client = client(vec![server.endpoint()], |_| {});
+    let server = TestIndexer::start().await;
+    report(&server, "a", HBM, &[1, 2, 3]).await;
+    report(&server, "b", DRAM, &[1, 2]).await;
+    let client = client(vec![endpoint(&server)], |_| {});
     assert_eq!(
         client.longest_prefix(&[1, 2, 3, 4]).await,
         PrefixOutcome::Matched {
@@ -129,9 +69,9 @@ async fn matches_after_an_apply() {
 
 #[tokio::test]
 async fn reports_no_match_when_no_worker_holds_the_first_block() {
-    let server = TestServer::start(Config::default()).await;
-    server.report("a", HBM, &[1, 2, 3]).await;
-    let client = client(vec![server.endpoint()], |_| {});
+    let server = TestIndexer::start().await;
+    report(&server, "a", HBM, &[1, 2, 3]).await;
+    let client = client(vec![endpoint(&server)], |_| {});
     assert_eq!(
         client.longest_prefix(&[9, 1, 2]).await,
         PrefixOutcome::NoMatch
@@ -141,7 +81,8 @@ async fn reports_no_match_when_no_worker_holds_the_first_block() {
 
 #[tokio::test]
 async fn reports_a_stopped_server_as_unreachable() {
-    let client = client(vec![dead_endpoint().await], |_| {});
+    let dead = Port::reserve();
+    let client = client(vec![dead_endpoint(&dead)], |_| {});
     assert_eq!(
         client.longest_prefix(&[1, 2]).await,
         PrefixOutcome::Unreachable
@@ -152,11 +93,12 @@ async fn reports_a_stopped_server_as_unreachable() {
 
 #[tokio::test]
 async fn fails_over_to_the_next_replica_when_the_first_is_unreachable() {
-    let server = TestServer::start(Config::default()).await;
-    server.report("a", HBM, &[1, 2]).await;
+    let server = TestIndexer::start().await;
+    report(&server, "a", HBM, &[1, 2]).await;
     let missing_socket = Endpoint::parse("unix:/nonexistent/kv-indexer.sock").unwrap();
+    let dead = Port::reserve();
     let client = client(
-        vec![dead_endpoint().await, missing_socket, server.endpoint()],
+        vec![dead_endpoint(&dead), missing_socket, endpoint(&server)],
         |_| {},
     );
     for _ in 0..3 {
@@ -174,8 +116,8 @@ async fn fails_over_to_the_next_replica_when_the_first_is_unreachable() {
 
 #[tokio::test]
 async fn dials_unix_sockets() {
-    let server = TestServer::start(Config::default()).await;
-    server.report("a", HBM, &[1, 2]).await;
+    let server = TestIndexer::start().await;
+    report(&server, "a", HBM, &[1, 2]).await;
     let path = socket_path("dials_unix_sockets");
     let listener = UnixListener::bind(&path).unwrap();
     // The server listens on TCP only: relay each socket connection to it.
@@ -217,47 +159,29 @@ fn socket_path(test: &str) -> PathBuf {
 /// Keeps one prefix query in flight on `server` (whose bound should be 1) until `finish`: the
 /// index is held locked, so the admitted query waits on the blocking pool.
 struct Saturation {
-    release: std::sync::mpsc::Sender<()>,
-    lock_holder: std::thread::JoinHandle<()>,
+    held: IndexHold,
     query: tokio::task::JoinHandle<PrefixOutcome>,
 }
 
 impl Saturation {
-    async fn start(server: &TestServer) -> Saturation {
+    async fn start(server: &TestIndexer) -> Saturation {
         // Long enough to run on the server's blocking pool rather than inline.
         let hashes: Vec<i64> = (1_000..6_000).collect();
-        server.report("a", HBM, &hashes).await;
-        let (locked, wait_locked) = std::sync::mpsc::channel();
-        let (release, wait_release) = std::sync::mpsc::channel::<()>();
-        let shared = server.shared.clone();
-        let lock_holder = std::thread::spawn(move || {
-            let _index = shared.lock_index();
-            locked.send(()).unwrap();
-            let _ = wait_release.recv();
-        });
-        wait_locked.recv().unwrap();
-        let client = client(vec![server.endpoint()], |config| {
+        report(server, "a", HBM, &hashes).await;
+        let held = server.hold();
+        let client = client(vec![endpoint(server)], |config| {
             config.query_timeout = Duration::from_secs(60);
         });
         let query = tokio::spawn(async move { client.longest_prefix(&hashes).await });
-        let start = std::time::Instant::now();
-        while server.shared.prefix_queries_in_flight() < 1 {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the holding query was never admitted"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        Saturation {
-            release,
-            lock_holder,
-            query,
-        }
+        wait::until("the holding query to be admitted", || async {
+            (server.shared.prefix_queries_in_flight() >= 1).then_some(())
+        })
+        .await;
+        Saturation { held, query }
     }
 
     async fn finish(self) {
-        self.release.send(()).unwrap();
-        self.lock_holder.join().unwrap();
+        self.held.release();
         let outcome = self.query.await.unwrap();
         assert!(
             matches!(outcome, PrefixOutcome::Matched { .. }),
@@ -268,13 +192,13 @@ impl Saturation {
 
 #[tokio::test]
 async fn reports_a_saturated_server_as_overloaded() {
-    let server = TestServer::start(Config {
+    let server = TestIndexer::with_config(Config {
         prefix_query_max_inflight: 1,
         ..Config::default()
     })
     .await;
     let saturation = Saturation::start(&server).await;
-    let client = client(vec![server.endpoint()], |_| {});
+    let client = client(vec![endpoint(&server)], |_| {});
     let outcome = client.longest_prefix(&[0, 1]).await;
     saturation.finish().await;
     assert_eq!(outcome, PrefixOutcome::Overloaded);
@@ -283,15 +207,15 @@ async fn reports_a_saturated_server_as_overloaded() {
 
 #[tokio::test]
 async fn fails_over_when_the_first_replica_is_overloaded() {
-    let busy = TestServer::start(Config {
+    let busy = TestIndexer::with_config(Config {
         prefix_query_max_inflight: 1,
         ..Config::default()
     })
     .await;
-    let spare = TestServer::start(Config::default()).await;
-    spare.report("b", HBM, &[0, 1]).await;
+    let spare = TestIndexer::start().await;
+    report(&spare, "b", HBM, &[0, 1]).await;
     let saturation = Saturation::start(&busy).await;
-    let client = client(vec![busy.endpoint(), spare.endpoint()], |_| {});
+    let client = client(vec![endpoint(&busy), endpoint(&spare)], |_| {});
     // While the busy replica is full, only the spare (worker b) can answer.
     let outcome = client.longest_prefix(&[0, 1]).await;
     saturation.finish().await;
@@ -308,9 +232,9 @@ async fn fails_over_when_the_first_replica_is_overloaded() {
 
 #[tokio::test]
 async fn reports_a_spent_deadline_as_timeout() {
-    let server = TestServer::start(Config::default()).await;
-    server.report("a", HBM, &[1, 2]).await;
-    let client = client(vec![server.endpoint()], |config| {
+    let server = TestIndexer::start().await;
+    report(&server, "a", HBM, &[1, 2]).await;
+    let client = client(vec![endpoint(&server)], |config| {
         config.query_timeout = Duration::from_micros(1);
     });
     assert_eq!(client.longest_prefix(&[1, 2]).await, PrefixOutcome::Timeout);
@@ -356,11 +280,11 @@ async fn rejects_a_query_over_the_local_bound_without_contacting_the_server() {
 
 #[tokio::test]
 async fn sends_only_the_leading_hashes_of_a_prompt_too_long_for_one_message() {
-    let server = TestServer::start(Config::default()).await;
+    let server = TestIndexer::start().await;
     let prompt: Vec<i64> = (0..1_100_000).collect();
     // The worker holds the whole prompt: only what was sent can match.
-    server.report("a", HBM, &prompt).await;
-    let client = client(vec![server.endpoint()], |_| {});
+    report(&server, "a", HBM, &prompt).await;
+    let client = client(vec![endpoint(&server)], |_| {});
     let PrefixOutcome::Matched {
         matches,
         best_prefix_blocks,
@@ -378,10 +302,10 @@ async fn sends_only_the_leading_hashes_of_a_prompt_too_long_for_one_message() {
 
 #[tokio::test]
 async fn looks_up_exact_placements_and_hit_counts() {
-    let server = TestServer::start(Config::default()).await;
-    server.report("a", HBM, &[1, 2, 3]).await;
-    server.report("b", DRAM, &[1]).await;
-    let client = client(vec![server.endpoint()], |_| {});
+    let server = TestIndexer::start().await;
+    report(&server, "a", HBM, &[1, 2, 3]).await;
+    report(&server, "b", DRAM, &[1]).await;
+    let client = client(vec![endpoint(&server)], |_| {});
     // Legacy reports: no component masks, unknown token counts (0), aligned with the hashes.
     let placements = |tier, hashes: Vec<i64>| TierPlacements {
         tier,

@@ -3,43 +3,29 @@
 //! holding a prompt's prefix, serving by load when the Indexer is gone, and a warning (and no
 //! affinity) when worker URLs and bridge addresses differ.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kv_bridge as bridge;
-use kv_bridge::config::{Args as BridgeArgs, BridgeConfig};
 use kv_bridge::stats::Stats;
 use kv_indexer_router::app::AppState;
 use kv_indexer_router::config::{Args, RouterConfig};
 use kv_indexer_router::policy::Policy;
 use kv_indexer_sim::{Config as SimConfig, Listeners, Worker};
+use kv_testkit::{BridgeFlags, TestIndexer, wait};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-const DEADLINE: Duration = Duration::from_secs(20);
-
 struct Fleet {
-    indexer: SocketAddr,
-    indexer_stop: CancellationToken,
-    indexer_task: tokio::task::JoinHandle<Result<(), kv_server::error::StartError>>,
+    indexer: TestIndexer,
     workers: Vec<String>,
     stop: CancellationToken,
 }
 
 /// The Indexer, `n` simulated workers and a bridge for each; bridges announce `address(url)`.
 async fn fleet(n: usize, address: impl Fn(&str) -> String) -> Fleet {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let indexer = listener.local_addr().unwrap();
-    let indexer_stop = CancellationToken::new();
-    let shared = kv_server::server::shared(&kv_server::Config::default());
-    let indexer_task = tokio::spawn(kv_server::server::run(
-        listener,
-        shared.clone(),
-        indexer_stop.clone().cancelled_owned(),
-    ));
+    let indexer = TestIndexer::start().await;
     let stop = CancellationToken::new();
     let mut workers = Vec::new();
     for i in 0..n {
@@ -49,40 +35,23 @@ async fn fleet(n: usize, address: impl Fn(&str) -> String) -> Fleet {
             .unwrap();
         let endpoints = worker.endpoints();
         tokio::spawn(worker.serve(stop.clone().cancelled_owned()));
-        let argv = [
-            "kv-indexer-bridge".to_string(),
-            "--worker-id".into(),
-            format!("sim-{i}"),
-            "--worker-address".into(),
-            address(&endpoints.http_url()),
-            "--endpoint".into(),
-            format!("http://{indexer}"),
-            "--event-endpoint".into(),
-            endpoints.kv_events_url(),
-            "--event-topic".into(),
-            "kv-events".into(),
-        ];
-        let config = BridgeConfig::from_args(BridgeArgs::try_parse_from(argv).unwrap()).unwrap();
+        let flags = BridgeFlags::new(
+            &format!("sim-{i}"),
+            &address(&endpoints.http_url()),
+            &indexer.url(),
+            &endpoints.kv_events_url(),
+        );
         tokio::spawn(bridge::run(
-            config,
+            flags.config(),
             Arc::new(Stats::default()),
             stop.clone(),
         ));
         workers.push(endpoints.http_url());
     }
     // Every bridge has registered its worker (its start-up clear reached the index).
-    let start = Instant::now();
-    while shared.index_stats().workers < n {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "bridges never reached the index"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    indexer.wait_for_workers(n).await;
     Fleet {
         indexer,
-        indexer_stop,
-        indexer_task,
         workers,
         stop,
     }
@@ -100,7 +69,7 @@ async fn router(fleet: &Fleet) -> TestRouter {
         "--worker-urls".into(),
         fleet.workers.join(","),
         "--kv-indexer-endpoint".into(),
-        format!("http://{}", fleet.indexer),
+        fleet.indexer.url(),
         "--cache-affinity-min-matched-tokens".into(),
         "64".into(),
     ];
@@ -113,14 +82,10 @@ async fn router(fleet: &Fleet) -> TestRouter {
     tokio::spawn(async move {
         kv_indexer_router::run(listener, run_state, &config, stop.cancelled_owned()).await
     });
-    let start = Instant::now();
-    while state.hashing.read().is_none() {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "the router never learned the block size"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait::until("the router to learn the block size", || async {
+        state.hashing.read().is_some().then_some(())
+    })
+    .await;
     TestRouter {
         url,
         state,
@@ -172,18 +137,14 @@ fn with_suffix(document: &[u64], suffix: u64) -> Vec<u64> {
 /// Sends `tokens` again until the router routes it by the Indexer (events take a moment to
 /// arrive); returns the worker and its cached tokens.
 async fn until_cached(router: &TestRouter, tokens: &[u64]) -> (String, u64) {
-    let start = Instant::now();
-    loop {
-        let (worker, cached) = router.generate(tokens).await;
-        if cached > 0 {
-            return (worker, cached);
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "the prompt never reached a worker holding its prefix"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::until(
+        "the prompt to reach a worker holding its prefix",
+        || async {
+            let (worker, cached) = router.generate(tokens).await;
+            (cached > 0).then_some((worker, cached))
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -217,11 +178,10 @@ async fn a_prompt_with_a_new_suffix_goes_to_the_worker_holding_its_prefix() {
 
 #[tokio::test]
 async fn with_the_indexer_stopped_requests_are_served_by_load_and_the_fallback_is_logged() {
-    let fleet = fleet(2, |url| url.to_string()).await;
+    let mut fleet = fleet(2, |url| url.to_string()).await;
     let router = router(&fleet).await;
     router.generate(&document(7)).await;
-    fleet.indexer_stop.cancel();
-    fleet.indexer_task.await.unwrap().unwrap();
+    fleet.indexer.shut_down().await;
     for _ in 0..4 {
         let (worker, _) = router.generate(&with_suffix(&document(7), 9)).await;
         assert!(fleet.workers.contains(&worker));
@@ -240,15 +200,14 @@ async fn a_worker_url_that_differs_by_a_trailing_slash_gets_no_affinity_and_a_wa
     let router = router(&fleet).await;
     let tokens = with_suffix(&document(11), 1);
     router.generate(&tokens).await;
-    let start = Instant::now();
-    while router.logs().unknown_address.total() == 0 {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "no warning about the unmatched address"
-        );
+    wait::until("a warning about the unmatched address", || async {
+        if router.logs().unknown_address.total() > 0 {
+            return Some(());
+        }
         router.generate(&tokens).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        None
+    })
+    .await;
     // The Indexer knows the prefix, but under an address that matches no worker: no affinity.
     let response = router
         .http

@@ -1,22 +1,19 @@
 //! The router over real sockets: fake SGLang workers (axum), the real Indexer server in-process,
 //! and the router in front; every policy, the Indexer's failure classes, and streaming.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
 use clap::Parser;
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
-use kv_indexer_proto::v1 as pb;
-use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use kv_indexer_router::app::AppState;
 use kv_indexer_router::config::{Args, RouterConfig};
+use kv_testkit::indexer::HBM;
+use kv_testkit::{Port, TestIndexer, wait};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 const BLOCK: usize = 16;
 
@@ -73,19 +70,6 @@ impl IntoResponseJson for axum::Json<Value> {
     }
 }
 
-async fn start_indexer() -> (SocketAddr, CancellationToken) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let shared = kv_server::server::shared(&kv_server::Config::default());
-    tokio::spawn(kv_server::server::run(
-        listener,
-        shared,
-        stop.clone().cancelled_owned(),
-    ));
-    (addr, stop)
-}
-
 struct TestRouter {
     url: String,
     state: Arc<AppState>,
@@ -115,14 +99,10 @@ async fn start_router(argv: &[&str]) -> TestRouter {
         .await
     });
     // Wait until the block size is learned (cache-aware routing needs it).
-    let start = Instant::now();
-    while state.hashing.read().is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the router never learned the block size"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait::until("the router to learn the block size", || async {
+        state.hashing.read().is_some().then_some(())
+    })
+    .await;
     TestRouter {
         url,
         state,
@@ -155,7 +135,7 @@ fn prompt(seed: u64, tokens: usize) -> Vec<u64> {
     (0..tokens as u64).map(|i| seed * 1_000_000 + i).collect()
 }
 
-async fn report(indexer: SocketAddr, worker_url: &str, tokens: &[u64]) {
+async fn report(indexer: &TestIndexer, worker_url: &str, tokens: &[u64]) {
     let hashes = block_hashes(
         tokens,
         HashConfig {
@@ -164,45 +144,28 @@ async fn report(indexer: SocketAddr, worker_url: &str, tokens: &[u64]) {
         },
         None,
     );
-    let channel = tonic::transport::Channel::from_shared(format!("http://{indexer}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    KvIndexerClient::new(channel)
-        .apply_external_kv_batch(pb::ApplyExternalKvBatchRequest {
-            worker_id: worker_url.into(),
-            seq: 0,
-            actions: vec![pb::ExternalKvAction {
-                r#type: pb::ExternalKvActionType::ActionReport as i32,
-                tier: pb::TierType::TierHbm as i32,
-                hashes,
-                ..Default::default()
-            }],
-            worker_address: worker_url.into(),
-            cache_spec: None,
-            bridge_incarnation: None,
-        })
-        .await
-        .unwrap();
+    indexer.report(worker_url, worker_url, HBM, &hashes).await;
+}
+
+/// The Indexer, two fake workers `a` and `b`, and a router using the Indexer with `extra`
+/// flags.
+async fn two_workers_and_the_indexer(extra: &[&str]) -> (TestIndexer, String, String, TestRouter) {
+    let indexer = TestIndexer::start().await;
+    let a = fake_worker("a").await;
+    let b = fake_worker("b").await;
+    let urls = format!("{a},{b}");
+    let endpoint = indexer.url();
+    let mut argv = vec!["--worker-urls", &urls, "--kv-indexer-endpoint", &endpoint];
+    argv.extend_from_slice(extra);
+    let router = start_router(&argv).await;
+    (indexer, a, b, router)
 }
 
 #[tokio::test]
 async fn routes_to_the_worker_the_indexer_says_holds_the_prefix() {
-    let (indexer, _stop) = start_indexer().await;
-    let a = fake_worker("a").await;
-    let b = fake_worker("b").await;
-    let endpoint = format!("http://{indexer}");
-    let router = start_router(&[
-        "--worker-urls",
-        &format!("{a},{b}"),
-        "--kv-indexer-endpoint",
-        &endpoint,
-    ])
-    .await;
-
+    let (indexer, a, b, router) = two_workers_and_the_indexer(&[]).await;
     let cached = prompt(1, 256);
-    report(indexer, &b, &cached).await;
+    report(&indexer, &b, &cached).await;
     for _ in 0..3 {
         let (status, worker, body) = router
             .generate(json!({"input_ids": cached, "sampling_params": {"max_new_tokens": 4}}))
@@ -217,33 +180,21 @@ async fn routes_to_the_worker_the_indexer_says_holds_the_prefix() {
 
 #[tokio::test]
 async fn a_match_below_the_affinity_threshold_routes_by_load() {
-    let (indexer, _stop) = start_indexer().await;
-    let a = fake_worker("a").await;
-    let b = fake_worker("b").await;
-    let endpoint = format!("http://{indexer}");
-    let router = start_router(&[
-        "--worker-urls",
-        &format!("{a},{b}"),
-        "--kv-indexer-endpoint",
-        &endpoint,
-        "--cache-affinity-min-matched-tokens",
-        "1024",
-    ])
-    .await;
+    let (indexer, a, b, router) =
+        two_workers_and_the_indexer(&["--cache-affinity-min-matched-tokens", "1024"]).await;
     let cached = prompt(3, 256);
-    report(indexer, &b, &cached[..32]).await; // 2 blocks = 32 of 256 tokens
+    report(&indexer, &b, &cached[..32]).await; // 2 blocks = 32 of 256 tokens
     let (_, worker, _) = router.generate(json!({"input_ids": cached})).await;
     assert_eq!(worker, a);
 }
 
 #[tokio::test]
 async fn falls_back_to_load_when_the_indexer_is_unreachable() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = listener.local_addr().unwrap();
-    drop(listener);
+    // A reserved port that nothing listens on: every connection is refused.
+    let dead = Port::reserve();
     let a = fake_worker("a").await;
     let b = fake_worker("b").await;
-    let endpoint = format!("http://{dead}");
+    let endpoint = dead.url();
     let router = start_router(&[
         "--worker-urls",
         &format!("{a},{b}"),
@@ -258,16 +209,9 @@ async fn falls_back_to_load_when_the_indexer_is_unreachable() {
 #[tokio::test]
 async fn a_rejected_indexer_query_fails_the_request_with_503() {
     // A gRPC server without KVIndexer answers UNIMPLEMENTED: the two sides disagree.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let port = kv_testkit::indexer::without_kv_indexer();
     let a = fake_worker("a").await;
-    let endpoint = format!("http://{addr}");
+    let endpoint = port.url();
     let router = start_router(&["--worker-urls", &a, "--kv-indexer-endpoint", &endpoint]).await;
     let (status, _, body) = router.generate(json!({"input_ids": prompt(4, 64)})).await;
     assert_eq!(status, 503, "{body}");
@@ -319,9 +263,9 @@ async fn passes_a_stream_through_and_rejects_bad_requests() {
 
 #[tokio::test]
 async fn takes_unhealthy_workers_out_of_rotation() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
+    // A reserved port that nothing listens on: every health check is refused.
+    let port = Port::reserve();
+    let dead = port.url();
     let live = fake_worker("a").await;
     let router = start_router(&[
         "--worker-urls",
@@ -331,11 +275,10 @@ async fn takes_unhealthy_workers_out_of_rotation() {
     ])
     .await;
     // After a health round the dead worker is out of rotation.
-    let start = Instant::now();
-    while router.state.workers.routable() != [1] {
-        assert!(start.elapsed() < Duration::from_secs(20));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::until("the dead worker to leave the rotation", || async {
+        (router.state.workers.routable() == [1]).then_some(())
+    })
+    .await;
     for _ in 0..3 {
         assert_eq!(router.generate(json!({"text": "x"})).await.1, live);
     }

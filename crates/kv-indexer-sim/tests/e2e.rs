@@ -3,142 +3,38 @@
 //! each step, and once the stream is quiet, the index's view of the worker (`MatchExternalKv`
 //! over every hash the prompts can make) is exactly the simulated cache's own view, per tier.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kv_bridge::config::{Args, BridgeConfig};
 use kv_bridge::stats::Stats;
-use kv_bridge::{self as bridge, BridgeError};
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
-use kv_indexer_proto::v1 as pb;
-use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use kv_indexer_sim::events::{Encoding, Medium};
 use kv_indexer_sim::publisher::PublisherStats;
 use kv_indexer_sim::scheduler::SchedulerHandle;
 use kv_indexer_sim::{Config, Endpoints, Listeners, Worker};
-use kv_server::{Shared, server};
+use kv_testkit::indexer::Held as View;
+use kv_testkit::wait::{self, PATIENCE};
+use kv_testkit::{BridgeFlags, RunningBridge, TestIndexer};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 const WORKER: &str = "worker-0";
 const PAGE: usize = 4;
-const DEADLINE: Duration = Duration::from_secs(20);
 
-/// A view per tier, with the index's tier numbers (HBM 1, DRAM 2).
-type View = BTreeMap<i32, BTreeSet<i64>>;
-
-struct IndexServer {
-    addr: SocketAddr,
-    shared: Arc<Shared>,
-    stop: CancellationToken,
-    task: JoinHandle<Result<(), kv_server::error::StartError>>,
-}
-
-impl IndexServer {
-    async fn start() -> IndexServer {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shared = server::shared(&kv_server::Config::default());
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(server::run(
-            listener,
-            shared.clone(),
-            stop.clone().cancelled_owned(),
-        ));
-        IndexServer {
-            addr,
-            shared,
-            stop,
-            task,
-        }
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        self.task.await.unwrap().unwrap();
-    }
-
-    /// What the index says the worker holds among `hashes`, by tier.
-    async fn held(&self, hashes: &BTreeSet<i64>) -> View {
-        let channel = Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = KvIndexerClient::new(channel);
-        let hashes: Vec<i64> = hashes.iter().copied().collect();
-        let mut held = View::new();
-        for chunk in hashes.chunks(16_384) {
-            let answer = client
-                .match_external_kv(pb::MatchExternalKvRequest {
-                    hashes: chunk.to_vec(),
-                    count_as_hit: false,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            for node in answer.matches.into_iter().filter(|m| m.worker_id == WORKER) {
-                for tier in node.hashes_by_tier {
-                    held.entry(tier.tier).or_default().extend(tier.hashes);
-                }
-            }
-        }
-        held.retain(|_, set| !set.is_empty());
-        held
-    }
-
-    async fn wait_for_workers(&self, workers: usize) {
-        let start = Instant::now();
-        while self.shared.index_stats().workers != workers {
-            assert!(start.elapsed() < DEADLINE, "the index never saw the worker");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-struct RunningBridge {
-    stats: Arc<Stats>,
-    stop: CancellationToken,
-    task: JoinHandle<Result<(), BridgeError>>,
-}
-
-impl RunningBridge {
-    fn start(server: SocketAddr, worker: &Endpoints) -> RunningBridge {
-        let argv = [
-            "kv-indexer-bridge".to_string(),
-            "--worker-id".into(),
-            WORKER.into(),
-            "--worker-address".into(),
-            worker.http_url(),
-            "--endpoint".into(),
-            format!("http://{server}"),
-            "--event-endpoint".into(),
-            worker.kv_events_url(),
-            "--event-topic".into(),
-            "kv-events".into(),
-            "--replay-endpoint".into(),
-            worker
-                .replay_url()
-                .expect("the worker has a replay endpoint"),
-        ];
-        let config =
-            BridgeConfig::from_args(<Args as clap::Parser>::try_parse_from(argv).unwrap()).unwrap();
-        let stats = Arc::new(Stats::default());
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(bridge::run(config, stats.clone(), stop.clone()));
-        RunningBridge { stats, stop, task }
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        self.task.await.unwrap().unwrap();
-    }
+/// A bridge following `worker` (live and replay) for [`WORKER`] into `server`.
+fn bridge(server: &TestIndexer, worker: &Endpoints) -> RunningBridge {
+    BridgeFlags::new(
+        WORKER,
+        &worker.http_url(),
+        &server.url(),
+        &worker.kv_events_url(),
+    )
+    .replay(worker.replay_url())
+    .start()
 }
 
 /// A worker serving HTTP on loopback until stopped.
@@ -232,7 +128,7 @@ fn universe(prompts: &[Vec<u64>]) -> BTreeSet<i64> {
 /// Waits until the index shows exactly the cache's view (polling, with a deadline).
 async fn converge(
     step: &str,
-    server: &IndexServer,
+    server: &TestIndexer,
     worker: &RunningWorker,
     universe: &BTreeSet<i64>,
 ) -> View {
@@ -243,24 +139,19 @@ async fn converge(
             "{step}: the cache holds unknown hashes"
         );
     }
-    let start = Instant::now();
-    loop {
-        let held = server.held(universe).await;
-        if held == expected {
-            return expected;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "{step}: the index never matched the cache:\n index {held:?}\n cache {expected:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{step}: the index to match the cache {expected:?}");
+    wait::until_ok(&what, || async {
+        let held = server.held(WORKER, universe).await;
+        if held == expected { Ok(()) } else { Err(held) }
+    })
+    .await;
+    expected
 }
 
 /// Makes sure the bridge's subscription is live before a test counts on the live stream:
 /// warm-up prompts (each a new batch; a live one after missed ones makes the bridge replay
 /// the gap) until the index shows them, then a flush to start the test from nothing.
-async fn sync(server: &IndexServer, worker: &RunningWorker) {
+async fn sync(server: &TestIndexer, worker: &RunningWorker) {
     let start = Instant::now();
     let mut warmups = Vec::new();
     'warm: loop {
@@ -272,13 +163,13 @@ async fn sync(server: &IndexServer, worker: &RunningWorker) {
         let universe = universe(&warmups);
         let attempt = Instant::now();
         while attempt.elapsed() < Duration::from_millis(500) {
-            if server.held(&universe).await == worker.view().await {
+            if server.held(WORKER, &universe).await == worker.view().await {
                 break 'warm;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(
-            start.elapsed() < DEADLINE,
+            start.elapsed() < PATIENCE,
             "the bridge never followed the worker"
         );
     }
@@ -303,9 +194,9 @@ fn config() -> Config {
 
 #[tokio::test]
 async fn the_index_follows_the_simulated_cache_through_evictions_host_moves_and_a_flush() {
-    let server = IndexServer::start().await;
+    let mut server = TestIndexer::start().await;
     let worker = RunningWorker::start(config()).await;
-    let bridge = RunningBridge::start(server.addr, &worker.endpoints);
+    let bridge = bridge(&server, &worker.endpoints);
     server.wait_for_workers(1).await;
     sync(&server, &worker).await;
     let gaps = Stats::get(&bridge.stats.gaps);
@@ -376,18 +267,18 @@ async fn the_index_follows_the_simulated_cache_through_evictions_host_moves_and_
     assert!(PublisherStats::get(&worker.publisher.batches) >= 8);
     bridge.stop().await;
     worker.stop().await;
-    server.stop().await;
+    server.shut_down().await;
 }
 
 #[tokio::test]
 async fn lost_messages_are_healed_from_the_replay_buffer() {
-    let server = IndexServer::start().await;
+    let mut server = TestIndexer::start().await;
     let mut config = config();
     // Array-era events, and messages 1, 2 and 4 lost on the live path.
     config.publisher.encoder.encoding = Encoding::Array;
     config.publisher.drop.seqs = [1, 2, 4].into();
     let worker = RunningWorker::start(config).await;
-    let bridge = RunningBridge::start(server.addr, &worker.endpoints);
+    let bridge = bridge(&server, &worker.endpoints);
     server.wait_for_workers(1).await;
 
     // Eight prompts, each a new batch (seqs 0..=7), evicting to the host as they go. (No
@@ -402,5 +293,5 @@ async fn lost_messages_are_healed_from_the_replay_buffer() {
     assert!(Stats::get(&bridge.stats.gaps) >= 1, "the bridge saw a gap");
     bridge.stop().await;
     worker.stop().await;
-    server.stop().await;
+    server.shut_down().await;
 }

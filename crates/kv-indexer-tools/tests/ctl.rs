@@ -1,54 +1,15 @@
 //! `kv-indexer-ctl`, the binary, against a server on loopback: hashing, each query command
 //! in table and JSON form, and the exit status when the Indexer cannot answer.
 
-use std::net::SocketAddr;
 use std::process::Output;
 
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::simple_tokenize;
-use kv_indexer_proto::v1 as pb;
-use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use kv_server::{Config, server};
+use kv_testkit::indexer::HBM;
+use kv_testkit::{Port, TestIndexer};
 use serde_json::Value;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 const TEXT: &str = "you are a helpful assistant . answer briefly and cite sources";
-
-/// A server on `127.0.0.1:0`; stops when the token is dropped with it.
-async fn start_server() -> (SocketAddr, tokio_util::sync::DropGuard) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    tokio::spawn(server::run(
-        listener,
-        server::shared(&Config::default()),
-        stop.clone().cancelled_owned(),
-    ));
-    (addr, stop.drop_guard())
-}
-
-async fn report(addr: SocketAddr, worker: &str, hashes: Vec<i64>) {
-    let mut client = KvIndexerClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    client
-        .apply_external_kv_batch(pb::ApplyExternalKvBatchRequest {
-            worker_id: worker.into(),
-            seq: 1,
-            actions: vec![pb::ExternalKvAction {
-                r#type: pb::ExternalKvActionType::ActionReport as i32,
-                tier: pb::TierType::TierHbm as i32,
-                hashes,
-                ..Default::default()
-            }],
-            worker_address: format!("http://{worker}:30000"),
-            cache_spec: None,
-            bridge_incarnation: None,
-        })
-        .await
-        .unwrap();
-}
 
 /// Runs the binary off the runtime's thread, so the in-process server keeps serving.
 async fn ctl(args: &[String]) -> Output {
@@ -111,11 +72,11 @@ async fn hashes_text_as_the_library_does() {
 
 #[tokio::test]
 async fn asks_a_running_server_for_prefixes_placements_and_hits() {
-    let (addr, _server) = start_server().await;
+    let server = TestIndexer::start().await;
     let hashes = text_hashes(4);
     assert_eq!(hashes.len(), 3);
-    report(addr, "a", hashes.clone()).await;
-    let endpoint = format!("http://{addr}");
+    server.report("a", "http://a:30000", HBM, &hashes).await;
+    let endpoint = server.url();
     let with = |list: &[&str]| {
         let mut full = args(&["--endpoint", &endpoint]);
         full.extend(args(list));
@@ -172,9 +133,9 @@ async fn asks_a_running_server_for_prefixes_placements_and_hits() {
 
 #[tokio::test]
 async fn exits_with_1_when_the_indexer_cannot_answer() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dead = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
+    // A reserved port that nothing listens on: every connection is refused.
+    let port = Port::reserve();
+    let dead = port.url();
     let output = ctl(&args(&["--endpoint", &dead, "--json", "prefix", "1", "2"])).await;
     assert_eq!(output.status.code(), Some(1));
     let json: Value = serde_json::from_slice(&output.stdout).unwrap();

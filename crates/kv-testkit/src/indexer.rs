@@ -1,5 +1,7 @@
-//! The real Indexer server in this process, on a listener bound to `127.0.0.1:0`.
+//! The real Indexer server in this process, on a [`Port`] of its own: shut down, it refuses
+//! connections; restarted, it serves on the same address with an empty index.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -7,9 +9,12 @@ use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use kv_server::{Config, Shared, server};
-use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
+
+use crate::port::Port;
+use crate::wait;
 
 pub const HBM: i32 = pb::TierType::TierHbm as i32;
 pub const DRAM: i32 = pb::TierType::TierDram as i32;
@@ -18,11 +23,18 @@ pub const REPORT: i32 = pb::ExternalKvActionType::ActionReport as i32;
 pub const REVOKE: i32 = pb::ExternalKvActionType::ActionRevoke as i32;
 pub const CLEAR: i32 = pb::ExternalKvActionType::ActionClearAllAtTier as i32;
 
-/// A server on `127.0.0.1:0`, stopped when dropped.
+/// What a worker holds, by tier number.
+pub type Held = BTreeMap<i32, BTreeSet<i64>>;
+
+/// A server on `127.0.0.1`, stopped when dropped.
 pub struct TestIndexer {
     pub shared: Arc<Shared>,
     pub addr: SocketAddr,
+    port: Port,
+    config: Config,
+    channel: Channel,
     stop: CancellationToken,
+    task: Option<JoinHandle<Result<(), kv_server::error::StartError>>>,
 }
 
 impl TestIndexer {
@@ -32,20 +44,30 @@ impl TestIndexer {
     }
 
     pub async fn with_config(config: Config) -> TestIndexer {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binding 127.0.0.1:0");
-        let addr = listener
-            .local_addr()
-            .expect("a bound listener has an address");
-        let shared = server::shared(&config);
-        let stop = CancellationToken::new();
-        tokio::spawn(server::run(
-            listener,
-            shared.clone(),
-            stop.clone().cancelled_owned(),
-        ));
-        TestIndexer { shared, addr, stop }
+        let port = Port::reserve();
+        let port_url = port.url();
+        let mut indexer = TestIndexer {
+            shared: server::shared(&config),
+            addr: port.addr(),
+            port,
+            config,
+            channel: lazy(port_url),
+            stop: CancellationToken::new(),
+            task: None,
+        };
+        indexer.serve();
+        indexer
+    }
+
+    fn serve(&mut self) {
+        self.shared = server::shared(&self.config);
+        self.stop = CancellationToken::new();
+        self.channel = lazy(self.port.url());
+        self.task = Some(tokio::spawn(server::run(
+            self.port.listen(),
+            self.shared.clone(),
+            self.stop.clone().cancelled_owned(),
+        )));
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -53,14 +75,15 @@ impl TestIndexer {
         format!("http://{}", self.addr)
     }
 
-    /// A connected raw gRPC client (the listener is bound, so connecting cannot race it).
-    pub async fn client(&self) -> KvIndexerClient<Channel> {
-        let channel = Channel::from_shared(self.url())
-            .expect("a valid URL")
-            .connect()
-            .await
-            .expect("connecting to the test indexer");
-        KvIndexerClient::new(channel)
+    /// The server's channel: one HTTP/2 connection, made at its first call (the listener is
+    /// open, so connecting cannot race it) and again after a restart.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// A raw gRPC client on [`channel`](Self::channel), without the 4 MiB default limits.
+    pub fn client(&self) -> KvIndexerClient<Channel> {
+        KvIndexerClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(usize::MAX)
     }
@@ -68,7 +91,7 @@ impl TestIndexer {
     /// REPORTs `hashes` for `worker` at `tier` (16,384 per apply), with `address` as the
     /// worker's address.
     pub async fn report(&self, worker: &str, address: &str, tier: i32, hashes: &[i64]) {
-        let mut client = self.client().await;
+        let mut client = self.client();
         for chunk in hashes.chunks(16_384) {
             client
                 .apply_external_kv_batch(pb::ApplyExternalKvBatchRequest {
@@ -89,10 +112,123 @@ impl TestIndexer {
         }
     }
 
+    /// What the index says `worker` holds among `hashes`, by tier (`MatchExternalKv`, no hits
+    /// counted); tiers with nothing are left out.
+    pub async fn held(&self, worker: &str, hashes: &BTreeSet<i64>) -> Held {
+        let mut client = self.client();
+        let hashes: Vec<i64> = hashes.iter().copied().collect();
+        let mut held = Held::new();
+        for chunk in hashes.chunks(16_384) {
+            let answer = client
+                .match_external_kv(pb::MatchExternalKvRequest {
+                    hashes: chunk.to_vec(),
+                    count_as_hit: false,
+                })
+                .await
+                .expect("the test indexer answers MatchExternalKv")
+                .into_inner();
+            for node in answer.matches.into_iter().filter(|m| m.worker_id == worker) {
+                for tier in node.hashes_by_tier {
+                    held.entry(tier.tier).or_default().extend(tier.hashes);
+                }
+            }
+        }
+        held.retain(|_, set| !set.is_empty());
+        held
+    }
+
+    /// Waits until the index shows exactly `expected` for `worker` among `universe`.
+    pub async fn wait_for_held(&self, worker: &str, expected: &Held, universe: &BTreeSet<i64>) {
+        let what = format!("the index to hold {expected:?} for {worker}");
+        wait::until_ok(&what, || async move {
+            let held = self.held(worker, universe).await;
+            if &held == expected { Ok(()) } else { Err(held) }
+        })
+        .await;
+    }
+
+    /// Waits until the index knows exactly `workers` workers.
+    pub async fn wait_for_workers(&self, workers: usize) {
+        wait::until(&format!("the index to know {workers} workers"), || async {
+            (self.shared.index_stats().workers == workers).then_some(())
+        })
+        .await;
+    }
+
+    /// Holds the index's write lock on a thread of its own until [`IndexHold::release`], so
+    /// that admitted queries stay in flight.
+    pub fn hold(&self) -> IndexHold {
+        let (locked, wait_locked) = std::sync::mpsc::channel();
+        let (release, wait_release) = std::sync::mpsc::channel::<()>();
+        let shared = self.shared.clone();
+        let holder = std::thread::spawn(move || {
+            let _index = shared.lock_index();
+            locked.send(()).expect("the test waits for the lock");
+            let _ = wait_release.recv();
+        });
+        wait_locked.recv().expect("the holder takes the lock");
+        IndexHold { release, holder }
+    }
+
     /// Stops the server (also done on drop).
     pub fn stop(&self) {
         self.stop.cancel();
     }
+
+    /// Stops the server and waits until it has drained (its run ended without an error). The
+    /// port stays reserved: connections are refused until [`restart`](Self::restart).
+    pub async fn shut_down(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            task.await
+                .expect("the server task did not panic")
+                .expect("the server stopped cleanly");
+        }
+    }
+
+    /// A new server with an empty index on the same address (shut down first if running).
+    pub async fn restart(&mut self) {
+        self.shut_down().await;
+        self.serve();
+    }
+}
+
+/// A gRPC server with the health service and without KVIndexer, on a port of its own: every
+/// Indexer RPC is answered UNIMPLEMENTED, as by a server of another kind. It serves until the
+/// test's runtime ends.
+pub fn without_kv_indexer() -> Port {
+    let port = Port::reserve();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+                port.listen(),
+            )),
+    );
+    port
+}
+
+/// The index's write lock, held on a thread of its own (see [`TestIndexer::hold`]).
+pub struct IndexHold {
+    release: std::sync::mpsc::Sender<()>,
+    holder: std::thread::JoinHandle<()>,
+}
+
+impl IndexHold {
+    /// Lets the index go and waits until the holder has.
+    pub fn release(self) {
+        self.release
+            .send(())
+            .expect("the holder waits for the release");
+        self.holder.join().expect("the holder did not panic");
+    }
+}
+
+fn lazy(url: String) -> Channel {
+    Channel::from_shared(url)
+        .expect("a valid URL")
+        .connect_lazy()
 }
 
 impl Drop for TestIndexer {

@@ -1,12 +1,24 @@
 //! Dev-only: what the tests of every crate share, so that no test reads another crate's
 //! `tests/` folder or fakes a dead endpoint with a port it bound and dropped.
 //!
-//! - [`indexer`]: the real server on `127.0.0.1:0` in this process, with a raw gRPC client;
+//! - [`port`]: a loopback port kept for a test's life: refused while nothing listens, served
+//!   again after a restart, never taken by anyone else;
+//! - [`indexer`]: the real server on a [`port::Port`] in this process, with a raw gRPC client
+//!   and what tests ask of it (what a worker holds, how many workers it knows);
+//! - [`worker`]: the fake SGLang worker (a ZMQ PUB and a replay ROUTER), SGLang's batch
+//!   encoding, and the live messages captured off a real one;
+//! - [`bridge`]: the real bridge in this process, configured by its flags;
 //! - [`fixtures`]: the captured SGLang fixtures and their decoding helpers;
 //! - [`wait`]: readiness waits on a condition, with a deadline, instead of sleeps.
 
+pub mod bridge;
 pub mod fixtures;
 pub mod indexer;
+pub mod port;
 pub mod wait;
+pub mod worker;
 
+pub use bridge::{BridgeFlags, RunningBridge};
 pub use indexer::TestIndexer;
+pub use port::Port;
+pub use worker::FakeWorker;

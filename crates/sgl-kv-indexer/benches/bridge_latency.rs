@@ -4,33 +4,13 @@
 //!
 //! `cargo bench -p sgl-kv-indexer --bench bridge_latency [-- SAMPLES BURST_BATCHES HASHES_PER_BATCH]`
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use kv_bridge as bridge;
-use kv_bridge::config::{Args, BridgeConfig};
 use kv_bridge::stats::Stats;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use kv_server::{Config, server};
-use serde_json::json;
-use tokio_util::sync::CancellationToken;
-use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
-
-fn batch(hashes: &[i64]) -> Vec<u8> {
-    let event = json!({"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": null,
-                       "token_ids": [], "block_size": 16, "lora_id": null, "medium": "GPU"});
-    rmp_serde::to_vec(&json!([1750000000.0, [event], null])).unwrap()
-}
-
-async fn publish(socket: &mut PubSocket, frames: Vec<Vec<u8>>) {
-    let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
-    socket
-        .send(ZmqMessage::try_from(frames).unwrap())
-        .await
-        .unwrap();
-}
+use kv_testkit::worker::{batch, stored};
+use kv_testkit::{BridgeFlags, FakeWorker, TestIndexer};
 
 async fn visible(client: &mut KvIndexerClient<tonic::transport::Channel>, hash: i64) -> bool {
     let answer = client
@@ -59,60 +39,20 @@ async fn main() {
     let burst = args.get(1).copied().unwrap_or(20_000);
     let per_batch = args.get(2).copied().unwrap_or(64);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    tokio::spawn(server::run(
-        listener,
-        server::shared(&Config::default()),
-        stop.clone().cancelled_owned(),
-    ));
-
-    let mut publisher = PubSocket::new();
-    let endpoint = publisher
-        .bind("tcp://127.0.0.1:0")
-        .await
-        .unwrap()
-        .to_string();
-    let argv = [
-        "kv-indexer-bridge",
-        "--worker-id",
-        "w",
-        "--worker-address",
-        "http://w",
-        "--endpoint",
-        &format!("http://{addr}"),
-        "--event-endpoint",
-        &endpoint,
-        "--event-topic",
-        "kv-events",
-    ];
-    let config =
-        BridgeConfig::from_args(<Args as clap::Parser>::try_parse_from(argv).unwrap()).unwrap();
-    let stats = Arc::new(Stats::default());
-    tokio::spawn(bridge::run(config, stats.clone(), stop.clone()));
-    while Stats::get(&stats.frames_malformed) == 0 {
-        publish(&mut publisher, vec![b"kv-events".to_vec()]).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = KvIndexerClient::new(channel);
+    let server = TestIndexer::start().await;
+    let mut publisher = FakeWorker::start().await;
+    let bridge = BridgeFlags::new("w", "http://w", &server.url(), &publisher.endpoint()).start();
+    publisher.wait_subscribed(&bridge.stats).await;
+    let mut client = server.client();
+    let stats = &bridge.stats;
 
     let mut seq = 0u64;
     let mut latencies = Vec::with_capacity(samples);
     for i in 0..samples {
         let hash = i as i64 + 1;
-        let payload = batch(&[hash]);
+        let payload = batch(vec![stored(&[hash], "GPU")]);
         let start = Instant::now();
-        publish(
-            &mut publisher,
-            vec![b"kv-events".to_vec(), seq.to_be_bytes().to_vec(), payload],
-        )
-        .await;
+        publisher.publish(seq, &payload).await;
         seq += 1;
         while !visible(&mut client, hash).await {}
         latencies.push(start.elapsed().as_micros() as u64);
@@ -131,15 +71,9 @@ async fn main() {
         let hashes: Vec<i64> = (0..per_batch as i64)
             .map(|j| base + (b * per_batch) as i64 + j)
             .collect();
-        publish(
-            &mut publisher,
-            vec![
-                b"kv-events".to_vec(),
-                seq.to_be_bytes().to_vec(),
-                batch(&hashes),
-            ],
-        )
-        .await;
+        publisher
+            .publish(seq, &batch(vec![stored(&hashes, "GPU")]))
+            .await;
         seq += 1;
     }
     let last = base + (burst * per_batch) as i64 - 1;
@@ -153,5 +87,5 @@ async fn main() {
         (burst * per_batch) as f64 / elapsed / 1e6,
         Stats::get(&stats.gaps)
     );
-    stop.cancel();
+    bridge.stop().await;
 }

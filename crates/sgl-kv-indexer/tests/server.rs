@@ -2,62 +2,17 @@
 //! the 8 MiB boundary, admission, deadline shedding, atomicity under concurrency, health and
 //! reflection.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use kv_server::{Config, Shared, server};
-use tokio::net::TcpListener;
+use kv_server::{Config, server};
+use kv_testkit::indexer::{CLEAR, DRAM, HBM, IndexHold, REPORT, REVOKE};
+use kv_testkit::{Port, TestIndexer, wait};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
-
-const HBM: i32 = pb::TierType::TierHbm as i32;
-const DRAM: i32 = pb::TierType::TierDram as i32;
-const REPORT: i32 = pb::ExternalKvActionType::ActionReport as i32;
-const REVOKE: i32 = pb::ExternalKvActionType::ActionRevoke as i32;
-const CLEAR: i32 = pb::ExternalKvActionType::ActionClearAllAtTier as i32;
-
-/// A server on `127.0.0.1:0`, stopped when dropped.
-struct TestServer {
-    shared: Arc<Shared>,
-    channel: Channel,
-    addr: std::net::SocketAddr,
-    stop: CancellationToken,
-}
-
-impl TestServer {
-    async fn start(config: Config) -> TestServer {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shared = server::shared(&config);
-        let stop = CancellationToken::new();
-        tokio::spawn(server::run(
-            listener,
-            shared.clone(),
-            stop.clone().cancelled_owned(),
-        ));
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        TestServer {
-            shared,
-            channel,
-            addr,
-            stop,
-        }
-    }
-
-    fn client(&self) -> KvIndexerClient<Channel> {
-        KvIndexerClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(usize::MAX)
-    }
-}
 
 /// A client over a bare HTTP/2 connection: unlike tonic's `Channel`, it does not enforce
 /// `grpc-timeout` itself, so the test sees what the server answers.
@@ -84,12 +39,6 @@ type RawService = tower::util::BoxCloneService<
     http::Response<hyper::body::Incoming>,
     hyper::Error,
 >;
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
 
 fn action(kind: i32, tier: i32, hashes: Vec<i64>) -> pb::ExternalKvAction {
     pb::ExternalKvAction {
@@ -120,7 +69,7 @@ fn prefix(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
 
 #[tokio::test]
 async fn answers_every_rpc() {
-    let server = TestServer::start(Config::default()).await;
+    let server = TestIndexer::start().await;
     let mut client = server.client();
     client
         .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, vec![1, 2, 3])]))
@@ -188,7 +137,7 @@ async fn answers_every_rpc() {
 /// Sends one request of each kind that breaks a rule; each must get `code` and change nothing.
 async fn check_rejected(
     client: &mut KvIndexerClient<Channel>,
-    server: &TestServer,
+    server: &TestIndexer,
     request: Rejected,
     code: Code,
 ) {
@@ -218,7 +167,7 @@ enum Rejected {
 
 #[tokio::test]
 async fn maps_each_validation_rule_to_its_code_and_changes_nothing() {
-    let server = TestServer::start(Config::default()).await;
+    let server = TestIndexer::start().await;
     let mut client = server.client();
     client
         .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, vec![1, 2])]))
@@ -336,7 +285,7 @@ const MAX_PREFIX_HASHES: usize = (MAX_MESSAGE_BYTES - 16) / 8;
 
 #[tokio::test]
 async fn accepts_messages_up_to_8_mib_and_rejects_larger_ones_with_out_of_range() {
-    let server = TestServer::start(Config::default()).await;
+    let server = TestIndexer::start().await;
     let mut client = server.client();
     client
         .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, (0..100).collect())]))
@@ -374,51 +323,13 @@ async fn long_scan_setup(client: &mut KvIndexerClient<Channel>, blocks: i64) -> 
     (0..blocks).collect()
 }
 
-/// The index's write lock, held on a thread of its own until released.
-struct HeldIndex {
-    release: std::sync::mpsc::Sender<()>,
-    holder: std::thread::JoinHandle<()>,
-}
-
-impl HeldIndex {
-    fn hold(shared: &Arc<Shared>) -> HeldIndex {
-        let (locked, wait_locked) = std::sync::mpsc::channel();
-        let (release, wait_release) = std::sync::mpsc::channel::<()>();
-        let shared = shared.clone();
-        let holder = std::thread::spawn(move || {
-            let _index = shared.lock_index();
-            locked.send(()).unwrap();
-            let _ = wait_release.recv();
-        });
-        wait_locked.recv().unwrap();
-        HeldIndex { release, holder }
-    }
-
-    fn release(self) {
-        self.release.send(()).unwrap();
-        self.holder.join().unwrap();
-    }
-}
-
-/// Waits (up to 20 s) for `done`, naming `what` on failure.
-async fn eventually(what: &str, done: impl Fn() -> bool) {
-    let start = std::time::Instant::now();
-    while !done() {
-        assert!(start.elapsed() < Duration::from_secs(20), "{what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
+/// A prefix query running in a task of its own.
+type PrefixQuery = tokio::task::JoinHandle<
+    Result<tonic::Response<pb::MatchExternalKvPrefixResponse>, tonic::Status>,
+>;
 
 /// `count` prefix queries of `hashes` at once, each on a client of its own.
-fn spawn_prefix_queries(
-    server: &TestServer,
-    count: usize,
-    hashes: &[i64],
-) -> Vec<
-    tokio::task::JoinHandle<
-        Result<tonic::Response<pb::MatchExternalKvPrefixResponse>, tonic::Status>,
-    >,
-> {
+fn spawn_prefix_queries(server: &TestIndexer, count: usize, hashes: &[i64]) -> Vec<PrefixQuery> {
     (0..count)
         .map(|_| {
             let mut client = server.client();
@@ -428,9 +339,17 @@ fn spawn_prefix_queries(
         .collect()
 }
 
-#[tokio::test]
-async fn rejects_the_query_over_the_inflight_bound_at_once() {
-    let server = TestServer::start(Config {
+/// A server admitting 2 prefix queries, with `count` long ones sent while its index is held.
+struct Flood {
+    server: TestIndexer,
+    client: KvIndexerClient<Channel>,
+    hashes: Vec<i64>,
+    held: IndexHold,
+    queries: Vec<PrefixQuery>,
+}
+
+async fn flood(count: usize) -> Flood {
+    let server = TestIndexer::with_config(Config {
         prefix_query_max_inflight: 2,
         ..Config::default()
     })
@@ -438,12 +357,29 @@ async fn rejects_the_query_over_the_inflight_bound_at_once() {
     let mut client = server.client();
     // Long enough to run on the blocking pool, where an admitted query waits for the index.
     let hashes = long_scan_setup(&mut client, 5_000).await;
-
     // Hold the index so that admitted queries stay in flight.
-    let held = HeldIndex::hold(&server.shared);
-    let admitted = spawn_prefix_queries(&server, 2, &hashes);
-    eventually("the two queries were never admitted", || {
-        server.shared.prefix_queries_in_flight() == 2
+    let held = server.hold();
+    let queries = spawn_prefix_queries(&server, count, &hashes);
+    Flood {
+        server,
+        client,
+        hashes,
+        held,
+        queries,
+    }
+}
+
+#[tokio::test]
+async fn rejects_the_query_over_the_inflight_bound_at_once() {
+    let Flood {
+        server,
+        mut client,
+        hashes,
+        held,
+        queries: admitted,
+    } = flood(2).await;
+    wait::until("the two queries to be admitted", || async {
+        (server.shared.prefix_queries_in_flight() == 2).then_some(())
     })
     .await;
     let third = tokio::time::timeout(
@@ -478,7 +414,7 @@ fn with_timeout<T>(message: T, grpc_timeout: &str) -> Request<T> {
 
 #[tokio::test]
 async fn honours_a_spent_client_deadline_without_touching_the_index() {
-    let server = TestServer::start(Config::default()).await;
+    let server = TestIndexer::start().await;
     let mut client = raw_client(server.addr).await;
     client
         .apply_external_kv_batch(apply("a", vec![action(REPORT, HBM, vec![1, 2])]))
@@ -514,7 +450,7 @@ async fn honours_a_spent_client_deadline_without_touching_the_index() {
 
 #[tokio::test]
 async fn keeps_applying_while_queries_are_shed() {
-    let server = TestServer::start(Config::default()).await;
+    let server = TestIndexer::start().await;
     let mut client = raw_client(server.addr).await;
     for round in 0..50i64 {
         let status = client
@@ -540,15 +476,12 @@ async fn keeps_applying_while_queries_are_shed() {
 /// (never queued), and every apply is applied.
 #[tokio::test]
 async fn a_query_flood_refuses_the_surplus_and_never_an_apply() {
-    let server = TestServer::start(Config {
-        prefix_query_max_inflight: 2,
-        ..Config::default()
-    })
-    .await;
-    let mut client = server.client();
-    let hashes = long_scan_setup(&mut client, 5_000).await;
-    let held = HeldIndex::hold(&server.shared);
-    let queries = spawn_prefix_queries(&server, 40, &hashes);
+    let Flood {
+        server,
+        held,
+        queries,
+        ..
+    } = flood(40).await;
     let mut applies = Vec::new();
     for round in 0..10i64 {
         let mut client = server.client();
@@ -562,8 +495,8 @@ async fn a_query_flood_refuses_the_surplus_and_never_an_apply() {
         }));
     }
     // While the index is held, 2 queries wait inside and all 38 others are already refused.
-    eventually("the surplus queries were not all refused", || {
-        server.shared.shed_and_rejected().1 == 38
+    wait::until("all 38 surplus queries to be refused", || async {
+        (server.shared.shed_and_rejected().1 == 38).then_some(())
     })
     .await;
     assert_eq!(server.shared.prefix_queries_in_flight(), 2);
@@ -594,7 +527,7 @@ async fn a_query_flood_refuses_the_surplus_and_never_an_apply() {
 
 #[tokio::test]
 async fn concurrent_queries_never_see_a_half_applied_batch() {
-    let server = TestServer::start(Config::default()).await;
+    let server = TestIndexer::start().await;
     let blocks: Vec<i64> = (0..2_000).collect();
     let (first, second) = blocks.split_at(1_000);
     let report = apply(
@@ -662,8 +595,8 @@ async fn answers_health_and_reflection() {
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
-    let server = TestServer::start(Config::default()).await;
-    let mut health = HealthClient::new(server.channel.clone());
+    let server = TestIndexer::start().await;
+    let mut health = HealthClient::new(server.channel());
     let status = health
         .check(tonic_health::pb::HealthCheckRequest {
             service: "kv_indexer.v1.KVIndexer".into(),
@@ -673,7 +606,7 @@ async fn answers_health_and_reflection() {
         .into_inner();
     assert_eq!(status.status, ServingStatus::Serving as i32);
 
-    let mut reflection = ServerReflectionClient::new(server.channel.clone());
+    let mut reflection = ServerReflectionClient::new(server.channel());
     let request = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
@@ -706,13 +639,13 @@ async fn answers_health_and_reflection() {
 /// with the main one, and stops with its token.
 #[tokio::test]
 async fn a_second_listener_on_its_own_thread_serves_the_same_index() {
-    let server = TestServer::start(Config::default()).await;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
+    let server = TestIndexer::start().await;
+    let port = Port::reserve();
+    let listener = port.listen_std();
     let stop = CancellationToken::new();
     let thread =
         server::serve_on_own_thread(listener, server.shared.clone(), stop.clone()).unwrap();
-    let channel = Channel::from_shared(format!("http://{addr}"))
+    let channel = Channel::from_shared(port.url())
         .unwrap()
         .connect()
         .await
@@ -755,7 +688,7 @@ impl hyper::body::Body for NeverEnds {
 /// the permit is free again.
 #[tokio::test]
 async fn a_query_whose_body_never_comes_loses_its_permit_at_its_deadline() {
-    let server = TestServer::start(Config {
+    let server = TestIndexer::with_config(Config {
         prefix_query_max_inflight: 1,
         ..Config::default()
     })
@@ -778,8 +711,8 @@ async fn a_query_whose_body_never_comes_loses_its_permit_at_its_deadline() {
     .body(NeverEnds)
     .unwrap();
     let stalled = tokio::spawn(async move { sender.send_request(request).await });
-    eventually("the stalled query was never admitted", || {
-        server.shared.prefix_queries_in_flight() == 1
+    wait::until("the stalled query to be admitted", || async {
+        (server.shared.prefix_queries_in_flight() == 1).then_some(())
     })
     .await;
     // Meanwhile the one permit is taken.
