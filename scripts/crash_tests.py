@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Crash tests of the durable Indexer with real processes on loopback: after the server dies
+and restarts on its state directory, does the index hold exactly what every worker holds?
+
+Fleet (from fault_tests.py): the Indexer with KV_INDEXER_STATE_DIR, --workers simulated SGLang
+workers with caches large enough that nothing is evicted (traffic after the fault could not
+refill what the index lost: only recovery can), one bridge per worker, and kv-indexer-router.
+
+Per case:
+1. traffic to the workers; wait until the index equals every worker's /cache_view;
+2. stop traffic; read the index digest (GET /state on the admin address);
+3. the fault: kill -9 (sync batch or always or off), SIGTERM, or kill -9 at the moment a
+   snapshot starts (a new log segment appears: the snapshot is being built);
+4. restart on the same directory; time to SERVING; the digest and the placements against
+   every worker's view at once, with no traffic: over-claimed and under-claimed must be 0
+   (with --log-sync off under-claims are allowed, over-claims never);
+5. routing through the restart window: requests through the router while the server is killed
+   and restarted again; the router's decisions by reason (blind = the Indexer gave no signal).
+
+    scripts/crash_tests.py [--only kill9-batch,sigterm] [--workers 2] [--base-port 47600]
+
+Exit status 1 when a case over-claims, under-claims where it must not, or changes the digest.
+Only the Python standard library; the binaries are built with cargo (release) unless --no-build.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fault_tests as ft  # noqa: E402  (the fleet, traffic and views are shared)
+
+CASES = {
+    # name: (server flags, the fault, under-claims allowed, description)
+    "kill9-batch": (["--log-sync", "batch"], "kill", False, "kill -9, --log-sync batch"),
+    "kill9-always": (["--log-sync", "always"], "kill", False, "kill -9, --log-sync always"),
+    "sigterm": (["--log-sync", "batch"], "term", False, "SIGTERM (final snapshot), restart"),
+    "kill9-snapshot": (["--log-sync", "batch", "--snapshot-interval-s", "1"], "kill-in-snapshot", False,
+                       "kill -9 as a snapshot is being built"),
+    "kill9-sync-off": (["--log-sync", "off"], "kill", True, "kill -9, --log-sync off"),
+}
+
+
+def state(admin):
+    import json
+    with urllib.request.urlopen(f"http://{admin}/state", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def router_decisions(url):
+    """{reason: count} from the router's kv_router_decisions_total."""
+    counts = {}
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("kv_router_decisions_total{"):
+                labels, value = line.rsplit(" ", 1)
+                reason = labels.split('reason="', 1)[1].split('"', 1)[0]
+                counts[reason] = counts.get(reason, 0) + int(float(value))
+    return counts
+
+
+def diff(after, before):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before) if after.get(k, 0) != before.get(k, 0)}
+
+
+def wait_ready(admin, timeout=60.0):
+    start = time.time()
+
+    def ready():
+        try:
+            return state(admin)["ready"]
+        except Exception:
+            return False
+
+    ft.wait_until(ready, "the restarted server to be SERVING", timeout=timeout, interval=0.01)
+    return time.time() - start
+
+
+def kill_in_snapshot(fleet, state_dir, timeout=30.0):
+    """kill -9 the server right after a snapshot starts (a new log segment appears)."""
+    def segments():
+        return {n for n in os.listdir(state_dir) if n.endswith(".seg")}
+
+    known = segments()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        now = segments()
+        if now - known:
+            fleet.server.popen.send_signal(signal.SIGKILL)
+            fleet.server.popen.wait(timeout=10)
+            return sorted(os.listdir(state_dir))
+        time.sleep(0.0005)
+    raise RuntimeError("no snapshot started")
+
+
+def run_case(args, name, logs_root, seed):
+    flags, fault, under_ok, _ = CASES[name]
+    logs = os.path.join(logs_root, name)
+    os.makedirs(logs)
+    state_dir = os.path.join(logs, "state")
+    admin = f"{ft.HOST}:{args.base_port + 1}"
+    server_extra = ["--state-dir", state_dir, "--metrics-addr", admin, *flags]
+    fleet = ft.Fleet(args, logs, server_extra=server_extra)
+    router_port = args.base_port + 2
+    router_url = f"http://{ft.HOST}:{router_port}"
+    router = ft.Proc(logs, "router", [f"{ft.BIN}/kv-indexer-router", "--listen-addr", f"{ft.HOST}:{router_port}",
+                                      "--worker-urls", ",".join(fleet.urls), "--kv-indexer-endpoint", fleet.endpoint,
+                                      "--cache-affinity-min-matched-tokens", "16"])
+    ft.wait_until(lambda: ft.http_ok(f"{router_url}/health"), "the router")
+    traffic = ft.Traffic(args, seed)
+    try:
+        traffic.burst(fleet.urls, args.before)
+        stop, thread = traffic.background(fleet.urls)
+        time.sleep(args.during_s)
+        if fault == "kill-in-snapshot":
+            files = kill_in_snapshot(fleet, state_dir)
+        stop.set()
+        thread.join(timeout=60)
+        settled = ft.settle(fleet, traffic, time.time(), args)
+        if settled["over"] or settled["under"]:
+            raise RuntimeError(f"the index did not match the workers before the fault: {settled}")
+        if fault != "kill-in-snapshot":
+            before = state(admin)
+            if fault == "kill":
+                fleet.server.kill9()
+            else:
+                fleet.server.popen.send_signal(signal.SIGTERM)
+                fleet.server.popen.wait(timeout=30)
+            files = sorted(os.listdir(state_dir))
+        else:
+            before = None
+        placements_before = settled["expected"]
+        fleet.server.start()
+        to_serving = wait_ready(admin)
+        after = state(admin)
+        workers = fleet.worker_views()
+        universe = traffic.universe | {h for v in workers.values() for _, h in v}
+        index = fleet.index_view(universe)
+        expected, held, over, under, examples = ft.compare(workers, index)
+        result = dict(before=placements_before, after=held, over=over, under=under, to_serving=to_serving,
+                      digest_equal=(before is None or before["digest"] == after["digest"]),
+                      files=" ".join(f for f in files if not f.startswith("LOCK")),
+                      disk_bytes=sum(os.path.getsize(os.path.join(state_dir, f)) for f in os.listdir(state_dir)),
+                      examples=examples, under_ok=under_ok)
+        result.update(routing_window(args, fleet, traffic, router_url, admin))
+        return result
+    finally:
+        ft.stop_all()
+
+
+def routing_window(args, fleet, traffic, router_url, admin):
+    """Requests through the router while the server is killed and restarted: decisions by reason."""
+    before = router_decisions(router_url)
+    stop = threading.Event()
+    sent = [0]
+
+    def loop():
+        while not stop.is_set():
+            try:
+                traffic.one(router_url)
+                sent[0] += 1
+            except Exception:
+                pass
+
+    workers = [threading.Thread(target=loop, daemon=True) for _ in range(4)]
+    for w in workers:
+        w.start()
+    time.sleep(1.0)
+    fleet.server.kill9()
+    down_at = time.time()
+    time.sleep(args.down_s)
+    fleet.server.start()
+    wait_ready(admin)
+    window = time.time() - down_at
+    time.sleep(1.0)
+    stop.set()
+    for w in workers:
+        w.join(timeout=30)
+    decisions = diff(router_decisions(router_url), before)
+    blind = sum(v for k, v in decisions.items() if k not in ("cache_hit", "no_usable_match"))
+    return dict(routed=sum(decisions.values()), blind=blind, window_s=window, decisions=decisions)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(CASES), help="comma-separated cases: " + ", ".join(CASES))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--base-port", type=int, default=47600)
+    ap.add_argument("--docs", type=int, default=24)
+    ap.add_argument("--doc-tokens", type=int, default=512)
+    ap.add_argument("--suffix-tokens", type=int, default=64)
+    ap.add_argument("--capacity-tokens", type=int, default=1 << 20, help="large: nothing is evicted")
+    ap.add_argument("--host-capacity-tokens", type=int, default=1 << 20)
+    ap.add_argument("--before", type=int, default=40)
+    ap.add_argument("--after", type=int, default=0)
+    ap.add_argument("--during-s", type=float, default=2.5)
+    ap.add_argument("--down-s", type=float, default=1.0)
+    ap.add_argument("--stable-s", type=float, default=3.0)
+    ap.add_argument("--deadline-s", type=float, default=40.0)
+    ap.add_argument("--poll-s", type=float, default=0.2)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--no-build", action="store_true")
+    args = ap.parse_args()
+    cases = [c for c in args.only.split(",") if c]
+    for c in cases:
+        if c not in CASES:
+            ap.error(f"unknown case {c!r}")
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim",
+                        "-p", "kv-indexer-tools", "-p", "kv-indexer-router"], cwd=ft.ROOT, check=True)
+    logs_root = tempfile.mkdtemp(prefix="kv-crash-tests-")
+    signal.signal(signal.SIGTERM, lambda s, _f: (ft.stop_all(), sys.exit(128 + s)))
+    rows, failed = [], False
+    for k, name in enumerate(cases):
+        print(f"running {name}: {CASES[name][3]} …", file=sys.stderr, flush=True)
+        try:
+            r = run_case(args, name, logs_root, args.seed + k)
+        except Exception as error:
+            print(f"  {name} failed: {error}", file=sys.stderr)
+            rows.append((name, None))
+            failed = True
+            continue
+        if r["over"] or (r["under"] and not r["under_ok"]) or not r["digest_equal"]:
+            failed = True
+        print(f"  files at the fault: {r['files']}; decisions in the window: {r['decisions']}", file=sys.stderr)
+        rows.append((name, r))
+    print()
+    print(f"{'case':<16} {'description':<38} {'before':>7} {'after':>7} {'over':>5} {'under':>6} "
+          f"{'digest':>7} {'serving_s':>9} {'disk_B/pl':>9} {'routed':>7} {'blind':>6} {'window_s':>8}")
+    for name, r in rows:
+        desc = CASES[name][3]
+        if r is None:
+            print(f"{name:<16} {desc:<38} {'ERROR':>7}")
+            continue
+        digest = "equal" if r["digest_equal"] else "DIFFERS"
+        per = r["disk_bytes"] / max(r["before"], 1)
+        print(f"{name:<16} {desc:<38} {r['before']:>7} {r['after']:>7} {r['over']:>5} {r['under']:>6} "
+              f"{digest:>7} {r['to_serving']:>9.3f} {per:>9.1f} {r['routed']:>7} {r['blind']:>6} {r['window_s']:>8.2f}")
+    print(f"\nlogs: {logs_root}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    finally:
+        ft.stop_all()
