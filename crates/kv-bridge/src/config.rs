@@ -206,8 +206,6 @@ pub struct BridgeConfig {
     pub heartbeat: Option<Duration>,
     /// How long to wait for each replay reply before giving up on the replay.
     pub replay_timeout: Duration,
-    /// How long one attempt to reach the publisher may take before it is retried.
-    pub connect_attempt: Duration,
     /// TLS and token, read and checked.
     pub credentials: Credentials,
 }
@@ -240,7 +238,6 @@ impl BridgeConfig {
             queue_batches: args.queue_batches as usize,
             heartbeat: (args.heartbeat_ms > 0).then(|| Duration::from_millis(args.heartbeat_ms)),
             replay_timeout: Duration::from_secs(2),
-            connect_attempt: crate::subscriber::CONNECT_ATTEMPT,
             credentials,
         })
     }

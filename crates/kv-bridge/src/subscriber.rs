@@ -71,7 +71,7 @@ pub async fn connect(
 
 async fn attempt(config: &BridgeConfig) -> Result<Subscription, ZmqError> {
     let mut options = SocketOptions::default();
-    options.connect_timeout(config.connect_attempt);
+    options.connect_timeout(CONNECT_ATTEMPT);
     let mut socket = SubSocket::with_options(options);
     let monitor = socket.monitor().boxed();
     socket.subscribe(&config.event_topic).await?;
