@@ -368,14 +368,21 @@ mod tests {
     #[test]
     fn rejects_bad_values_naming_the_variable() {
         check_err(&[], "--worker-id");
-        check_err(&["--worker-id", " "], "KV_INDEXER_WORKER_ID");
+        check_err(
+            &["--worker-id", " "],
+            "KV_INDEXER_WORKER_ID (--worker-id) must not be empty",
+        );
         check_err(
             &["--worker-id", "w", "--clear-tiers", "HBM,TAPE"],
-            "--clear-tiers",
+            "--clear-tiers <CLEAR_TIERS>': unknown tier \"TAPE\"",
         );
         check_err(
             &["--worker-id", "w", "--cache-components", "full,lru"],
-            "--cache-components",
+            "--cache-components <CACHE_COMPONENTS>': unknown component \"lru\"",
+        );
+        check_err(
+            &["--worker-id", "w", "--cache-components", "swa,mamba"],
+            "swa and mamba together are not a supported cache",
         );
         check_err(
             &["--worker-id", "w", "--cache-components", "full,swa"],
@@ -415,6 +422,33 @@ mod tests {
         check_err(
             &["--worker-id", "w", "--heartbeat-ms", "soon"],
             "--heartbeat-ms",
+        );
+    }
+
+    #[test]
+    fn a_security_error_keeps_its_source() {
+        let argv = [
+            "kv-indexer-bridge",
+            "--worker-id",
+            "w",
+            "--indexer-token",
+            "a b",
+        ];
+        let error = BridgeConfig::from_args(Args::try_parse_from(argv).unwrap()).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ConfigError::Security {
+                    setting: "KV_INDEXER_TOKEN (--indexer-token)",
+                    source: SecurityError::BadToken,
+                }
+            ),
+            "{error:?}"
+        );
+        assert_eq!(
+            error_chain(&error),
+            "KV_INDEXER_TOKEN (--indexer-token): the Indexer token must be visible ASCII without spaces",
+            "the message names the setting once and the cause once"
         );
     }
 }
