@@ -23,8 +23,11 @@ from 0, empty cache); --drop-every with replay; with a replay buffer that evicts
 replay.
 
     scripts/fault_tests.py [--only server-kill,sim-restart] [--workers 2] [--base-port 47300]
+    scripts/fault_tests.py --only sim-restart-busy --repeat 20   # a flaky fault, in a loop
 
-Exit status 1 when any fault over-claims or does not settle. Only the Python standard library;
+A bridge must never exit on its own (only a misconfiguration or a permanent status from the
+Indexer may stop it): every run counts the bridges that exited, and the summary gives the total.
+Exit status 1 when any fault over-claims, does not settle, or loses a bridge. Only the Python standard library;
 the binaries are built with cargo (release) unless --no-build.
 """
 
@@ -184,6 +187,18 @@ class Fleet:
             wait_until(lambda: http_ok(f"{url}/health"), f"{url}")
         time.sleep(1.0)  # bridges subscribe (and replay from seq 0)
         self.check_alive()
+
+    def exited_bridges(self):
+        """The bridges that exited on their own, with their exit status and last log line."""
+        exited = []
+        for p in self.bridges:
+            if not p.alive():
+                log = os.path.join(self.logs, f"{p.name}.{p.starts}.log")
+                with open(log, errors="replace") as f:
+                    lines = [line.rstrip() for line in f if line.strip()]
+                tail = " | ".join(lines[-4:])
+                exited.append(f"{p.name} exited with {p.popen.returncode}: {tail}")
+        return exited
 
     def check_alive(self):
         for p in [self.server, *self.sims, *self.bridges]:
@@ -357,9 +372,17 @@ FAULTS = {
 }
 
 
-def run_fault(args, name, logs_root, seed):
+class BridgeExited(RuntimeError):
+    """Bridges exited during a fault: the fault loop counts them."""
+
+    def __init__(self, exited):
+        super().__init__("; ".join(exited))
+        self.count = len(exited)
+
+
+def run_fault(args, name, logs_root, seed, run=0):
     sim_extra, replay, _ = FAULTS[name]
-    logs = os.path.join(logs_root, name)
+    logs = os.path.join(logs_root, name if run == 0 else f"{name}.{run}")
     os.makedirs(logs)
     fleet = Fleet(args, logs, sim_extra, replay)
     traffic = Traffic(args, seed)
@@ -390,8 +413,14 @@ def run_fault(args, name, logs_root, seed):
         traffic.burst(fleet.urls, args.after)
         if name.startswith("drop") or name == "none":
             t0 = time.time()  # the fault lasts as long as the traffic
+        exited = fleet.exited_bridges()
+        if exited:
+            raise BridgeExited(exited)
         fleet.check_alive()
         result = settle(fleet, traffic, t0, args)
+        exited = fleet.exited_bridges()
+        if exited:
+            raise BridgeExited(exited)
         result.update(requests=traffic.sent, errors=traffic.errors)
         return result
     finally:
@@ -419,6 +448,8 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=40.0)
     ap.add_argument("--poll-s", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the selected faults this many times (each run a fresh fleet and seed)")
     ap.add_argument("--no-build", action="store_true")
     args = ap.parse_args()
     faults = [f for f in args.only.split(",") if f]
@@ -427,7 +458,8 @@ def main():
             ap.error(f"unknown fault {f!r}")
 
     if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim"],
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim",
+                        "-p", "kv-indexer-tools"],
                        cwd=ROOT, check=True)
     logs_root = tempfile.mkdtemp(prefix="kv-fault-tests-")
 
@@ -438,14 +470,18 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    rows, failed = [], False
+    rows, failed, bridge_exits = [], False, 0
+    runs = [(run, k, name) for run in range(args.repeat) for k, name in enumerate(faults)]
     try:
-        for k, name in enumerate(faults):
-            print(f"running {name}: {FAULTS[name][2]} …", file=sys.stderr, flush=True)
+        for run, k, name in runs:
+            label = name if args.repeat == 1 else f"{name} (run {run + 1}/{args.repeat})"
+            print(f"running {label}: {FAULTS[name][2]} …", file=sys.stderr, flush=True)
             try:
-                r = run_fault(args, name, logs_root, args.seed + k)
+                r = run_fault(args, name, logs_root, args.seed + k + run * len(faults), run)
             except Exception as error:  # report and go on with the next fault
-                print(f"  {name} failed: {error}", file=sys.stderr)
+                if isinstance(error, BridgeExited):
+                    bridge_exits += error.count
+                print(f"  {label} failed: {error}", file=sys.stderr)
                 rows.append((name, None))
                 failed = True
                 continue
@@ -469,6 +505,7 @@ def main():
         print(f"{name:<22} {desc:<44} {r['requests']:>8} {r['expected']:>9} {r['held']:>6} "
               f"{r['over']:>5} {r['under']:>6} {conv:>10}")
     print(f"\nlogs: {logs_root}")
+    print(f"bridge exits: {bridge_exits} in {len(runs)} runs")
     print("over-claims: " + ("NONE" if not any(r and r["over"] for _, r in rows) else "FOUND"))
     return 1 if failed else 0
 

@@ -1,48 +1,24 @@
 //! What the fuzz targets share: the bridge's path from a msgpack payload to the apply messages
 //! it sends, and the framing of a multipart ZMQ message in a fuzz input.
 
-use kv_events::{decode_batch, map_events, split};
-use kv_index::{ActionKind, Tier};
+use kv_index::Tier;
+use kv_indexer_proto::convert::WorkerHeader;
 use kv_indexer_proto::v1 as pb;
 
 /// The tiers a bridge clears by default.
 pub const TIERS: [Tier; 3] = [Tier::Hbm, Tier::Dram, Tier::Ssd];
 
-/// The apply messages a bridge sends for `payload`, or `None` when the batch is rejected.
+/// The apply messages a bridge sends for `payload` (through the bridge's own
+/// `kv_bridge::batch`), or `None` when the batch is rejected.
 pub fn bridge_messages(
     payload: &[u8],
     worker_id: &str,
 ) -> Option<Vec<pb::ApplyExternalKvBatchRequest>> {
-    let batch = decode_batch(payload).ok()?;
-    let actions = map_events(&batch.events, &TIERS);
-    Some(
-        split(actions)
-            .into_iter()
-            .map(|group| pb::ApplyExternalKvBatchRequest {
-                worker_id: worker_id.into(),
-                seq: 0,
-                worker_address: String::new(),
-                cache_spec: None,
-                actions: group
-                    .into_iter()
-                    .map(|action| pb::ExternalKvAction {
-                        r#type: match action.kind {
-                            ActionKind::Report => pb::ExternalKvActionType::ActionReport,
-                            ActionKind::Revoke => pb::ExternalKvActionType::ActionRevoke,
-                            ActionKind::ClearAllAtTier => {
-                                pb::ExternalKvActionType::ActionClearAllAtTier
-                            }
-                        } as i32,
-                        tier: action.tier.wire(),
-                        hashes: action.hashes,
-                        component_masks: action.component_masks,
-                        block_sizes: action.block_sizes,
-                        parent_block_hash: action.parent_block_hash,
-                    })
-                    .collect(),
-            })
-            .collect(),
-    )
+    let header = WorkerHeader {
+        worker_id: worker_id.into(),
+        ..WorkerHeader::default()
+    };
+    kv_bridge::batch::messages(payload, &header, 0, &TIERS).ok()
 }
 
 /// Splits `data` into `(length-prefixed part, rest)`: a little-endian u32 length, then that many

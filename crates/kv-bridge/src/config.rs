@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kv_index::{COMPONENT_FULL, COMPONENT_MAMBA, COMPONENT_SWA, CacheSpec, Tier};
-use kv_indexer_client::client::error_chain;
+use kv_indexer_client::security::{PemError, SecurityError};
 use kv_indexer_client::{ClientSecurity, Credentials};
 
 /// Follows one SGLang worker's KV event stream and applies it to the Indexer.
@@ -38,22 +38,22 @@ pub struct Args {
     #[arg(long, env = "SGLANG_KV_REPLAY_ENDPOINT")]
     pub replay_endpoint: Option<String>,
     /// Tiers cleared on AllBlocksCleared and when events were lost.
-    #[arg(long, env = "KV_INDEXER_CLEAR_TIERS", default_value = "HBM,DRAM,SSD", value_parser = parse_tiers)]
+    #[arg(long, env = "KV_INDEXER_CLEAR_TIERS", default_value = "HBM,DRAM,SSD")]
     pub clear_tiers: TierList,
     /// Cache components beyond FULL (`full,swa` or `full,mamba`); unset = legacy worker.
-    #[arg(long, env = "KV_INDEXER_CACHE_COMPONENTS", value_parser = parse_components)]
-    pub cache_components: Option<u32>,
+    #[arg(long, env = "KV_INDEXER_CACHE_COMPONENTS")]
+    pub cache_components: Option<Components>,
     /// SWA window in tokens (required with swa).
     #[arg(long, env = "KV_INDEXER_SWA_WINDOW_TOKENS")]
     pub swa_window_tokens: Option<u32>,
     /// Tiers FULL may be served from.
-    #[arg(long, env = "KV_INDEXER_FULL_TIERS", default_value = "HBM,DRAM", value_parser = parse_tiers)]
+    #[arg(long, env = "KV_INDEXER_FULL_TIERS", default_value = "HBM,DRAM")]
     pub full_tiers: TierList,
     /// Tiers SWA may be served from.
-    #[arg(long, env = "KV_INDEXER_SWA_TIERS", default_value = "HBM,DRAM", value_parser = parse_tiers)]
+    #[arg(long, env = "KV_INDEXER_SWA_TIERS", default_value = "HBM,DRAM")]
     pub swa_tiers: TierList,
     /// Tiers MAMBA may be served from.
-    #[arg(long, env = "KV_INDEXER_MAMBA_TIERS", default_value = "HBM,DRAM", value_parser = parse_tiers)]
+    #[arg(long, env = "KV_INDEXER_MAMBA_TIERS", default_value = "HBM,DRAM")]
     pub mamba_tiers: TierList,
     /// The cache spec version sent.
     #[arg(long, env = "KV_INDEXER_CACHE_SPEC_VERSION", default_value_t = 1)]
@@ -84,42 +84,110 @@ impl TierList {
     }
 }
 
-fn parse_tiers(value: &str) -> Result<TierList, String> {
-    let mut tiers = Vec::new();
-    for name in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let tier = match name.to_ascii_uppercase().as_str() {
-            "HBM" | "GPU" => Tier::Hbm,
-            "DRAM" | "CPU" | "CPU_PINNED" => Tier::Dram,
-            "SSD" | "DISK" => Tier::Ssd,
-            _ => {
-                return Err(format!(
-                    "unknown tier {name:?} (use HBM|GPU, DRAM|CPU|CPU_PINNED, SSD|DISK)"
-                ));
+impl std::str::FromStr for TierList {
+    type Err = ValueError;
+
+    fn from_str(value: &str) -> Result<TierList, ValueError> {
+        let mut tiers = Vec::new();
+        for name in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let tier = match name.to_ascii_uppercase().as_str() {
+                "HBM" | "GPU" => Tier::Hbm,
+                "DRAM" | "CPU" | "CPU_PINNED" => Tier::Dram,
+                "SSD" | "DISK" => Tier::Ssd,
+                _ => return Err(ValueError::UnknownTier(name.to_string())),
+            };
+            if !tiers.contains(&tier) {
+                tiers.push(tier);
             }
-        };
-        if !tiers.contains(&tier) {
-            tiers.push(tier);
         }
+        Ok(TierList(tiers))
     }
-    Ok(TierList(tiers))
 }
 
-fn parse_components(value: &str) -> Result<u32, String> {
-    let mut components = COMPONENT_FULL;
-    for name in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        components |= match name.to_ascii_lowercase().as_str() {
-            "full" => COMPONENT_FULL,
-            "swa" => COMPONENT_SWA,
-            "mamba" => COMPONENT_MAMBA,
-            _ => return Err(format!("unknown component {name:?} (use full, swa, mamba)")),
+/// Cache components beyond FULL, as a component mask (FULL always included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Components(pub u32);
+
+impl std::str::FromStr for Components {
+    type Err = ValueError;
+
+    fn from_str(value: &str) -> Result<Components, ValueError> {
+        let mut components = COMPONENT_FULL;
+        for name in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            components |= match name.to_ascii_lowercase().as_str() {
+                "full" => COMPONENT_FULL,
+                "swa" => COMPONENT_SWA,
+                "mamba" => COMPONENT_MAMBA,
+                _ => return Err(ValueError::UnknownComponent(name.to_string())),
+            };
+        }
+        if components & COMPONENT_SWA != 0 && components & COMPONENT_MAMBA != 0 {
+            return Err(ValueError::SwaWithMamba);
+        }
+        Ok(Components(components))
+    }
+}
+
+/// A value that is not a tier list or a component list (clap adds the flag and the value).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("unknown tier {0:?} (use HBM|GPU, DRAM|CPU|CPU_PINNED, SSD|DISK)")]
+    UnknownTier(String),
+    #[error("unknown component {0:?} (use full, swa, mamba)")]
+    UnknownComponent(String),
+    #[error("swa and mamba together are not a supported cache (use full,swa or full,mamba)")]
+    SwaWithMamba,
+}
+
+/// A setting that cannot work, naming the variable (and flag) the binary reads it from.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("KV_INDEXER_WORKER_ID (--worker-id) must not be empty")]
+    EmptyWorkerId,
+    #[error("KV_INDEXER_ENDPOINT (--endpoint) {0:?} must be an http:// or https:// URL")]
+    EndpointScheme(String),
+    /// A TLS file that cannot be read or holds no PEM (the error names its variable).
+    #[error(transparent)]
+    TlsFile(PemError),
+    /// Any other TLS or token setting the Indexer client cannot use.
+    #[error("{setting}")]
+    Security {
+        setting: &'static str,
+        #[source]
+        source: SecurityError,
+    },
+    #[error("{setting} {endpoint:?} must be a tcp://host:port endpoint to connect to")]
+    ZmqEndpoint {
+        setting: &'static str,
+        endpoint: String,
+    },
+    #[error("KV_INDEXER_SWA_WINDOW_TOKENS (--swa-window-tokens) must be set above 0 with swa")]
+    SwaWindow,
+    #[error("KV_INDEXER_CACHE_SPEC_VERSION (--cache-spec-version) {0} is not supported (0 or 1)")]
+    SpecVersion(u32),
+}
+
+const ENDPOINT: &str = "KV_INDEXER_ENDPOINT (--endpoint)";
+const EVENT_ENDPOINT: &str = "SGLANG_KV_EVENT_ENDPOINT (--event-endpoint)";
+const REPLAY_ENDPOINT: &str = "SGLANG_KV_REPLAY_ENDPOINT (--replay-endpoint)";
+
+impl From<SecurityError> for ConfigError {
+    fn from(error: SecurityError) -> ConfigError {
+        let setting = match error {
+            SecurityError::Pem(pem) => return ConfigError::TlsFile(pem),
+            SecurityError::BadToken => "KV_INDEXER_TOKEN (--indexer-token)",
+            SecurityError::HalfIdentity => {
+                "KV_INDEXER_CLIENT_CERT (--indexer-client-cert) and KV_INDEXER_CLIENT_KEY (--indexer-client-key)"
+            }
+            SecurityError::TlsOnPlainEndpoint { .. }
+            | SecurityError::Tls { .. }
+            | SecurityError::Address { .. } => ENDPOINT,
         };
+        ConfigError::Security {
+            setting,
+            source: error,
+        }
     }
-    if components & COMPONENT_SWA != 0 && components & COMPONENT_MAMBA != 0 {
-        return Err(
-            "swa and mamba together are not a supported cache (use full,swa or full,mamba)".into(),
-        );
-    }
-    Ok(components)
 }
 
 /// The validated settings the bridge runs with.
@@ -144,56 +212,20 @@ pub struct BridgeConfig {
 
 impl BridgeConfig {
     /// Checks the settings that clap cannot check alone, naming the variable at fault.
-    pub fn from_args(args: Args) -> Result<BridgeConfig, String> {
+    pub fn from_args(args: Args) -> Result<BridgeConfig, ConfigError> {
         if args.worker_id.trim().is_empty() {
-            return Err("KV_INDEXER_WORKER_ID (--worker-id) must not be empty".into());
+            return Err(ConfigError::EmptyWorkerId);
         }
         if !(args.endpoint.starts_with("http://") || args.endpoint.starts_with("https://")) {
-            return Err(format!(
-                "KV_INDEXER_ENDPOINT (--endpoint) {:?} must be an http:// or https:// URL",
-                args.endpoint
-            ));
+            return Err(ConfigError::EndpointScheme(args.endpoint));
         }
-        let credentials = args.security.load().map_err(|error| error_chain(&error))?;
-        credentials.endpoint(&args.endpoint).map_err(|error| {
-            format!("KV_INDEXER_ENDPOINT (--endpoint): {}", error_chain(&error))
-        })?;
-        check_zmq_endpoint(
-            "SGLANG_KV_EVENT_ENDPOINT (--event-endpoint)",
-            &args.event_endpoint,
-        )?;
+        let credentials = args.security.load()?;
+        credentials.endpoint(&args.endpoint)?;
+        check_zmq_endpoint(EVENT_ENDPOINT, &args.event_endpoint)?;
         if let Some(replay) = &args.replay_endpoint {
-            check_zmq_endpoint("SGLANG_KV_REPLAY_ENDPOINT (--replay-endpoint)", replay)?;
+            check_zmq_endpoint(REPLAY_ENDPOINT, replay)?;
         }
-        let cache_spec = match args.cache_components {
-            None => None,
-            Some(components) => {
-                let swa_window_tokens = match (
-                    components & COMPONENT_SWA != 0,
-                    args.swa_window_tokens,
-                ) {
-                    (true, Some(0) | None) => {
-                        return Err("KV_INDEXER_SWA_WINDOW_TOKENS (--swa-window-tokens) must be set above 0 with swa".into());
-                    }
-                    (true, Some(window)) => window,
-                    (false, _) => 0,
-                };
-                Some(CacheSpec {
-                    version: args.cache_spec_version,
-                    components,
-                    swa_window_tokens,
-                    full_tier_mask: args.full_tiers.mask(),
-                    swa_tier_mask: args.swa_tiers.mask(),
-                    mamba_tier_mask: args.mamba_tiers.mask(),
-                })
-            }
-        };
-        if args.cache_spec_version > 1 {
-            return Err(format!(
-                "KV_INDEXER_CACHE_SPEC_VERSION (--cache-spec-version) {} is not supported (0 or 1)",
-                args.cache_spec_version
-            ));
-        }
+        let cache_spec = cache_spec(&args)?;
         Ok(BridgeConfig {
             worker_id: args.worker_id,
             worker_address: args.worker_address,
@@ -211,32 +243,56 @@ impl BridgeConfig {
     }
 }
 
-fn check_zmq_endpoint(name: &str, endpoint: &str) -> Result<(), String> {
-    let Some(rest) = endpoint.strip_prefix("tcp://") else {
-        return Err(format!(
-            "{name} {endpoint:?} must be a tcp://host:port endpoint"
-        ));
+/// The cache spec sent with every request; `None` for a legacy worker.
+fn cache_spec(args: &Args) -> Result<Option<CacheSpec>, ConfigError> {
+    if args.cache_spec_version > 1 {
+        return Err(ConfigError::SpecVersion(args.cache_spec_version));
+    }
+    let Some(Components(components)) = args.cache_components else {
+        return Ok(None);
     };
-    let port_ok = rest
-        .rsplit_once(':')
-        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
-    if !port_ok || rest.contains('*') {
-        return Err(format!(
-            "{name} {endpoint:?} must be a tcp://host:port endpoint to connect to"
-        ));
+    let swa_window_tokens = match (components & COMPONENT_SWA != 0, args.swa_window_tokens) {
+        (true, Some(0) | None) => return Err(ConfigError::SwaWindow),
+        (true, Some(window)) => window,
+        (false, _) => 0,
+    };
+    Ok(Some(CacheSpec {
+        version: args.cache_spec_version,
+        components,
+        swa_window_tokens,
+        full_tier_mask: args.full_tiers.mask(),
+        swa_tier_mask: args.swa_tiers.mask(),
+        mamba_tier_mask: args.mamba_tiers.mask(),
+    }))
+}
+
+fn check_zmq_endpoint(setting: &'static str, endpoint: &str) -> Result<(), ConfigError> {
+    let connectable = endpoint.strip_prefix("tcp://").is_some_and(|rest| {
+        !rest.contains('*')
+            && rest.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            })
+    });
+    if !connectable {
+        return Err(ConfigError::ZmqEndpoint {
+            setting,
+            endpoint: endpoint.to_string(),
+        });
     }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use kv_indexer_client::client::error_chain;
+
     use super::*;
 
     fn config(argv: &[&str]) -> Result<BridgeConfig, String> {
         let mut full = vec!["kv-indexer-bridge"];
         full.extend_from_slice(argv);
         let args = Args::try_parse_from(full).map_err(|e| e.to_string())?;
-        BridgeConfig::from_args(args)
+        BridgeConfig::from_args(args).map_err(|error| error_chain(&error))
     }
 
     fn check_err(argv: &[&str], needle: &str) {
@@ -303,20 +359,30 @@ mod tests {
             &["--worker-id", "w", "--indexer-tls-domain", "indexer"],
             "KV_INDEXER_ENDPOINT (--endpoint): TLS options (CA, client certificate, TLS domain) are given but endpoint http://[::1]:50051 is not https://",
         );
-        check_err(&["--worker-id", "w", "--indexer-token", "a b"], "token");
+        check_err(
+            &["--worker-id", "w", "--indexer-token", "a b"],
+            "KV_INDEXER_TOKEN (--indexer-token): the Indexer token must be visible ASCII",
+        );
     }
 
     #[test]
     fn rejects_bad_values_naming_the_variable() {
         check_err(&[], "--worker-id");
-        check_err(&["--worker-id", " "], "KV_INDEXER_WORKER_ID");
+        check_err(
+            &["--worker-id", " "],
+            "KV_INDEXER_WORKER_ID (--worker-id) must not be empty",
+        );
         check_err(
             &["--worker-id", "w", "--clear-tiers", "HBM,TAPE"],
-            "--clear-tiers",
+            "--clear-tiers <CLEAR_TIERS>': unknown tier \"TAPE\"",
         );
         check_err(
             &["--worker-id", "w", "--cache-components", "full,lru"],
-            "--cache-components",
+            "--cache-components <CACHE_COMPONENTS>': unknown component \"lru\"",
+        );
+        check_err(
+            &["--worker-id", "w", "--cache-components", "swa,mamba"],
+            "swa and mamba together are not a supported cache",
         );
         check_err(
             &["--worker-id", "w", "--cache-components", "full,swa"],
@@ -356,6 +422,33 @@ mod tests {
         check_err(
             &["--worker-id", "w", "--heartbeat-ms", "soon"],
             "--heartbeat-ms",
+        );
+    }
+
+    #[test]
+    fn a_security_error_keeps_its_source() {
+        let argv = [
+            "kv-indexer-bridge",
+            "--worker-id",
+            "w",
+            "--indexer-token",
+            "a b",
+        ];
+        let error = BridgeConfig::from_args(Args::try_parse_from(argv).unwrap()).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ConfigError::Security {
+                    setting: "KV_INDEXER_TOKEN (--indexer-token)",
+                    source: SecurityError::BadToken,
+                }
+            ),
+            "{error:?}"
+        );
+        assert_eq!(
+            error_chain(&error),
+            "KV_INDEXER_TOKEN (--indexer-token): the Indexer token must be visible ASCII without spaces",
+            "the message names the setting once and the cause once"
         );
     }
 }

@@ -2,24 +2,33 @@
 //! each batch to ordered apply RPCs, and delivers them to the Indexer.
 //!
 //! - [`config`]: variables and flags of the contract's "Bridge contract";
+//! - [`subscriber`]: the SUB socket, connected with retries for as long as the publisher is away;
+//! - [`batch`]: a payload's pure path to apply messages (decode, map, split, convert);
 //! - [`sequence`]: gap and restart detection;
 //! - [`replay`]: fetching lost batches from the publisher's replay ROUTER;
 //! - [`outbox`]: the bounded queue (overflow → clear the worker);
 //! - [`sender`]: in-order delivery with backoff, permanent errors stop the bridge;
+//! - [`backoff`]: the doubling, jittered waits of every retry;
 //! - [`stats`]: counters and metrics.
 //!
 //! Decoding, mapping and splitting are pure and live in the `kv-events` crate.
+//!
+//! Only a misconfiguration or a permanent status from the Indexer stops the bridge: a
+//! publisher that is away, for however long, is waited for.
 //!
 //! When events are lost and cannot be replayed (no replay endpoint, a failed or evicted replay,
 //! a publisher restart, a queue overflow, start-up), the bridge clears the worker's tiers before
 //! going on: the index may under-claim, never over-claim.
 
+pub mod backoff;
+pub mod batch;
 pub mod config;
 pub mod outbox;
 pub mod replay;
 pub mod sender;
 pub mod sequence;
 pub mod stats;
+pub mod subscriber;
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
@@ -29,21 +38,22 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use kv_events::frames::parse_live;
-use kv_events::{decode_batch, map_events, split};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket};
+use zeromq::{SocketEvent, SocketRecv};
 
 use self::config::BridgeConfig;
 use self::outbox::{ClearReason, Item, Outbox};
 use self::sender::Sender;
 use self::sequence::{SeqCheck, SeqTracker};
 use self::stats::Stats;
+use self::subscriber::{Monitor, Subscription};
 
+/// Why the bridge stopped: a misconfiguration or a permanent answer, never an outage.
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
-    #[error("bad setting: {0}")]
-    Config(String),
+    #[error("KV_INDEXER_ENDPOINT (--endpoint) cannot be used")]
+    Endpoint(#[source] kv_indexer_client::security::SecurityError),
     #[error(
         "the indexer refused the bridge's token ({message}): set KV_INDEXER_TOKEN (--indexer-token) to the server's KV_INDEXER_WRITE_TOKEN; not retrying"
     )]
@@ -52,8 +62,6 @@ pub enum BridgeError {
         "the indexer rejected a batch with {code:?} ({message}): a bug or a misconfiguration, not retrying"
     )]
     Permanent { code: tonic::Code, message: String },
-    #[error("zmq subscriber failed")]
-    Zmq(#[source] zeromq::ZmqError),
     #[error("the sender task failed")]
     Task(#[source] tokio::task::JoinError),
 }
@@ -78,13 +86,12 @@ pub async fn run(
         tracker: SeqTracker::default(),
         replayed: VecDeque::new(),
     };
-    let result = tokio::select! {
+    tokio::select! {
         joined = &mut sender_task => return joined.map_err(BridgeError::Task)?,
-        result = stream.run(&stop) => result,
-    };
+        () = stream.run(&stop) => {}
+    }
     sender_stop.cancel();
-    sender_task.await.map_err(BridgeError::Task)??;
-    result
+    sender_task.await.map_err(BridgeError::Task)?
 }
 
 struct Stream {
@@ -97,13 +104,17 @@ struct Stream {
 }
 
 /// The next monitor event; pending forever once the monitor is closed.
-async fn next_event<S: futures_util::Stream<Item = SocketEvent> + Unpin>(
-    monitor: &mut Option<S>,
-) -> Option<SocketEvent> {
+async fn next_event(monitor: &mut Option<Monitor>) -> Option<SocketEvent> {
     match monitor {
         Some(events) => events.next().await,
         None => std::future::pending().await,
     }
+}
+
+/// How following one connection ended.
+enum Followed {
+    Stopped,
+    Disconnected,
 }
 
 fn payload_hash(payload: &[u8]) -> u64 {
@@ -115,55 +126,58 @@ impl Stream {
     /// replay from 0 when possible). When the publisher disconnects, the socket is dropped with
     /// whatever it still queued and a new one resyncs: a restarted worker may have published
     /// under the same sequence numbers, or published nothing the old socket could see, so
-    /// nothing from before the disconnect can be trusted to describe it.
-    async fn run(&mut self, stop: &CancellationToken) -> Result<(), BridgeError> {
+    /// nothing from before the disconnect can be trusted to describe it. A publisher that is
+    /// away is waited for (see [`subscriber`]), however long.
+    async fn run(&mut self, stop: &CancellationToken) {
         let mut reason = ClearReason::Startup;
         loop {
-            let mut options = SocketOptions::default();
-            options.no_connect_timeout();
-            let mut sub = SubSocket::with_options(options);
-            let mut monitor = Some(sub.monitor());
-            sub.subscribe(&self.config.event_topic)
-                .await
-                .map_err(BridgeError::Zmq)?;
-            info!(endpoint = %self.config.event_endpoint, topic = %self.config.event_topic, "connecting to the publisher");
-            tokio::select! {
-                () = stop.cancelled() => return Ok(()),
-                connected = sub.connect(&self.config.event_endpoint) => connected.map_err(BridgeError::Zmq)?,
-            }
-            info!(endpoint = %self.config.event_endpoint, "subscribed");
+            let Some(subscription) = subscriber::connect(&self.config, &self.stats, stop).await
+            else {
+                return;
+            };
             self.tracker = SeqTracker::default();
             self.replayed.clear();
             self.resync(reason).await;
-
-            let mut failures = 0u32;
-            loop {
-                tokio::select! {
-                    biased;
-                    () = stop.cancelled() => return Ok(()),
-                    event = next_event(&mut monitor) => match event {
-                        Some(SocketEvent::Disconnected(_)) => {
-                            self.stats.reconnect();
-                            warn!("the publisher disconnected: resubscribing and resynchronising");
-                            break;
-                        }
-                        Some(_) => {}
-                        None => monitor = None,
-                    },
-                    message = sub.recv() => match message {
-                        Ok(message) => {
-                            failures = 0;
-                            self.live(message.into_vec()).await;
-                        }
-                        Err(error) => {
-                            failures = failures.saturating_add(1);
-                            debug!(%error, "subscriber receive failed");
-                            tokio::time::sleep(Duration::from_millis(u64::from(failures.min(100)))).await;
-                        }
-                    },
-                }
+            match self.follow(subscription, stop).await {
+                Followed::Stopped => return,
+                Followed::Disconnected => reason = ClearReason::Reconnect,
             }
-            reason = ClearReason::Reconnect;
+        }
+    }
+
+    /// Handles live messages until the publisher disconnects or `stop` is cancelled.
+    async fn follow(
+        &mut self,
+        mut subscription: Subscription,
+        stop: &CancellationToken,
+    ) -> Followed {
+        let mut failures = 0u32;
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return Followed::Stopped,
+                event = next_event(&mut subscription.monitor) => match event {
+                    Some(SocketEvent::Disconnected(_)) => {
+                        self.stats.reconnect();
+                        warn!("the publisher disconnected: resubscribing and resynchronising");
+                        return Followed::Disconnected;
+                    }
+                    Some(_) => {}
+                    None => subscription.monitor = None,
+                },
+                message = subscription.socket.recv() => match message {
+                    Ok(message) => {
+                        failures = 0;
+                        self.live(message.into_vec()).await;
+                    }
+                    Err(error) => {
+                        // Fails when a peer goes away; the monitor's Disconnected ends the connection.
+                        failures = failures.saturating_add(1);
+                        debug!(%error, "subscriber receive failed");
+                        tokio::time::sleep(Duration::from_millis(u64::from(failures.min(100)))).await;
+                    }
+                },
+            }
         }
     }
 
@@ -279,8 +293,8 @@ impl Stream {
     }
 
     fn process(&mut self, seq: u64, payload: &[u8]) {
-        let batch = match decode_batch(payload) {
-            Ok(batch) => batch,
+        let mapped = match batch::map(payload, &self.config.clear_tiers) {
+            Ok(mapped) => mapped,
             Err(error) => {
                 if let Some(total) = self.stats.batch_skipped("msgpack") {
                     warn!(%error, seq, total, "skipping a malformed batch");
@@ -288,15 +302,17 @@ impl Stream {
                 return;
             }
         };
-        for skipped in &batch.skipped {
+        for skipped in &mapped.skipped {
             if let Some(total) = self.stats.event_skipped(skipped.reason()) {
                 warn!(error = %skipped, seq, total, "skipping a malformed event");
             }
         }
-        self.stats.batch(batch.events.len());
-        let rpcs = split(map_events(&batch.events, &self.config.clear_tiers));
-        if !rpcs.is_empty() {
-            self.enqueue(Item::Batch { seq, rpcs });
+        self.stats.batch(mapped.events);
+        if !mapped.rpcs.is_empty() {
+            self.enqueue(Item::Batch {
+                seq,
+                rpcs: mapped.rpcs,
+            });
         }
     }
 

@@ -1,5 +1,5 @@
-//! Delivers queued items to the Indexer in order, retrying transient failures with backoff and
-//! stopping on permanent ones.
+//! Delivers queued items to the Indexer in order, retrying transient failures with a jittered
+//! backoff and stopping on permanent ones.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,12 +14,15 @@ use tonic::Code;
 use tracing::{info, warn};
 
 use super::BridgeError;
+use super::backoff::Backoff;
+use super::batch;
 use super::config::BridgeConfig;
 use super::outbox::{Item, Outbox};
 use super::stats::Stats;
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
+/// The wait after the first failed call (at most; see [`Backoff`]), doubling to [`BACKOFF_MAX`].
 pub const BACKOFF_START: Duration = Duration::from_millis(500);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
@@ -88,7 +91,7 @@ impl Sender {
         let endpoint = config
             .credentials
             .endpoint(&config.endpoint)
-            .map_err(|error| BridgeError::Config(format!("KV_INDEXER_ENDPOINT: {error}")))?
+            .map_err(BridgeError::Endpoint)?
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(CALL_DEADLINE)
             .tcp_nodelay(true);
@@ -129,9 +132,7 @@ impl Sender {
             let requests = match item {
                 Some(Item::Batch { seq, rpcs }) => {
                     self.last_seq = seq;
-                    rpcs.into_iter()
-                        .map(|rpc| self.identity.request(seq, rpc))
-                        .collect()
+                    batch::requests(&self.identity.header, seq, rpcs)
                 }
                 Some(Item::Clear { reason }) => {
                     info!(reason = reason.label(), tiers = ?self.identity.clear_tiers, "clearing the worker in the index");
@@ -156,7 +157,7 @@ impl Sender {
         request: pb::ApplyExternalKvBatchRequest,
         stop: &CancellationToken,
     ) -> Result<bool, BridgeError> {
-        let mut backoff = BACKOFF_START;
+        let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
         loop {
             let call = self.client.apply_external_kv_batch(request.clone());
             let result = tokio::select! {
@@ -182,14 +183,14 @@ impl Sender {
                             message: status.message().to_string(),
                         });
                     }
+                    let wait = backoff.next_wait();
                     if let Some(total) = self.stats.retry() {
-                        warn!(total, code = ?status.code(), message = status.message(), retry_in_ms = backoff.as_millis() as u64, "indexer unavailable; retrying");
+                        warn!(total, code = ?status.code(), message = status.message(), retry_in_ms = wait.as_millis() as u64, "indexer unavailable; retrying");
                     }
                     tokio::select! {
                         () = stop.cancelled() => return Ok(false),
-                        () = tokio::time::sleep(backoff) => {}
+                        () = tokio::time::sleep(wait) => {}
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
         }

@@ -14,6 +14,8 @@ pub struct Stats {
     pub frames_malformed: AtomicU64,
     pub gaps: AtomicU64,
     pub reconnects: AtomicU64,
+    /// Failed attempts to reach the publisher (each one retried).
+    pub connect_failures: AtomicU64,
     pub replays: AtomicU64,
     pub replays_failed: AtomicU64,
     pub clears: AtomicU64,
@@ -21,6 +23,7 @@ pub struct Stats {
     pub rpcs_failed: AtomicU64,
     skip_log: DoublingLog,
     retry_log: DoublingLog,
+    connect_log: DoublingLog,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -64,6 +67,13 @@ impl Stats {
     pub fn reconnect(&self) {
         bump(&self.reconnects, 1);
         metrics::counter!("kv_bridge_publisher_reconnects_total").increment(1);
+    }
+
+    /// Counts a failed attempt to reach the publisher; returns the total when it is time to log.
+    pub fn connect_failed(&self) -> Option<u64> {
+        bump(&self.connect_failures, 1);
+        metrics::counter!("kv_bridge_publisher_connect_failures_total").increment(1);
+        self.connect_log.record()
     }
 
     pub fn replay(&self, outcome: &'static str) {

@@ -300,6 +300,95 @@ async fn a_quiet_worker_restart_clears_the_worker() {
     setup.stop().await;
 }
 
+/// A peer on the publisher's port that accepts every connection and hangs up at once, as a
+/// worker dying while it starts: a subscriber's handshake with it fails. Stopping it gives the
+/// listener back, still bound.
+struct HangUp {
+    stop: CancellationToken,
+    task: JoinHandle<std::net::TcpListener>,
+}
+
+impl HangUp {
+    fn start(listener: std::net::TcpListener) -> HangUp {
+        listener.set_nonblocking(true).unwrap();
+        let listener = TcpListener::from_std(listener).unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return listener.into_std().unwrap(),
+                        accepted = listener.accept() => drop(accepted),
+                    }
+                }
+            }
+        });
+        HangUp { stop, task }
+    }
+
+    async fn stop(self) -> std::net::TcpListener {
+        self.stop.cancel();
+        self.task.await.unwrap()
+    }
+}
+
+/// The worker is away for longer than the reconnect backoff: while it is gone its port first
+/// refuses, then hangs up on every handshake, so the bridge's connects fail again and again.
+/// The bridge keeps trying, and when the worker is back on the same address it resyncs: the
+/// old blocks are cleared and the new publisher's events are in the index.
+#[tokio::test]
+async fn keeps_following_through_a_publisher_outage_and_resyncs_when_it_is_back() {
+    let server = IndexServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
+    let (listener, endpoint) = loopback();
+    let addr = listener.local_addr().unwrap();
+    let mut publisher = Publisher::bind(listener).await;
+    let bridge = RunningBridge::start(bridge_config(server.addr, &endpoint, None));
+    publisher.wait_subscribed(&bridge.stats).await;
+    publisher
+        .publish(0, &batch(vec![stored(&[1, 2, 3], "GPU")]))
+        .await;
+    let universe: BTreeSet<i64> = (1..=9).collect();
+    server
+        .wait_for(&[(1, BTreeSet::from([1, 2, 3]))].into(), &universe)
+        .await;
+
+    drop(publisher);
+    // The worker comes back on its own address: that is the scenario, so the test must bind
+    // the publisher's port again (and keeps that listener from here on).
+    let hang_up = HangUp::start(rebind(addr).await);
+    let failures = Stats::get(&bridge.stats.connect_failures);
+    kv_testkit::wait::until(
+        "the bridge's connects to fail while the worker is away",
+        || {
+            let failed = Stats::get(&bridge.stats.connect_failures) >= failures + 3;
+            std::future::ready(failed.then_some(()))
+        },
+    )
+    .await;
+    assert!(
+        !bridge.task.is_finished(),
+        "the bridge gave up on an absent publisher"
+    );
+
+    let mut publisher = Publisher::bind(hang_up.stop().await).await;
+    publisher.wait_subscribed(&bridge.stats).await;
+    publisher
+        .publish(0, &batch(vec![stored(&[7, 8], "GPU")]))
+        .await;
+    server
+        .wait_for(&[(1, BTreeSet::from([7, 8]))].into(), &universe)
+        .await;
+    assert!(Stats::get(&bridge.stats.reconnects) >= 1);
+    assert_eq!(
+        Stats::get(&bridge.stats.clears),
+        2,
+        "start-up, then the resync once the worker was back"
+    );
+    assert!(!bridge.task.is_finished());
+    bridge.stop().await;
+}
+
 #[tokio::test]
 async fn delivers_every_queued_batch_in_order_after_a_server_restart() {
     let mut setup = Setup::plain().await;

@@ -16,9 +16,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init_tracing();
     let metrics_addr = args.metrics_addr;
-    let config = BridgeConfig::from_args(args)
-        .map_err(anyhow::Error::msg)
-        .context("bad setting")?;
+    let config = BridgeConfig::from_args(args).context("bad setting")?;
 
     let stop = CancellationToken::new();
     if let Some(addr) = metrics_addr {

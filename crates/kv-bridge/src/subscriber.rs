@@ -1,0 +1,83 @@
+//! The SUB socket to the publisher, connected for as long as it takes: a worker may be away
+//! for seconds (a restart) or hours, and a bridge that gave up would leave its worker's blocks
+//! unfollowed. Each attempt gets a fresh socket and at most [`CONNECT_ATTEMPT`] (zeromq polls a
+//! refused port within it); failed attempts, a timeout or a publisher that accepts and then
+//! fails the handshake (a worker dying as it starts), are spaced by a jittered backoff.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use zeromq::{Socket, SocketEvent, SocketOptions, SubSocket, ZmqError};
+
+use crate::backoff::Backoff;
+use crate::config::BridgeConfig;
+use crate::stats::Stats;
+
+/// How long one attempt to reach the publisher may take.
+pub const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
+/// The wait after the first failed attempt (at most; see [`Backoff`]), doubling to
+/// [`RECONNECT_MAX`].
+pub const RECONNECT_START: Duration = Duration::from_millis(100);
+pub const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// The socket's connection events.
+pub type Monitor = BoxStream<'static, SocketEvent>;
+
+/// A connected SUB and its monitor (`None` once the monitor has closed).
+pub struct Subscription {
+    pub socket: SubSocket,
+    pub monitor: Option<Monitor>,
+}
+
+/// Subscribes to the publisher, retrying every failure until connected; `None` when `stop`
+/// comes first.
+pub async fn connect(
+    config: &BridgeConfig,
+    stats: &Stats,
+    stop: &CancellationToken,
+) -> Option<Subscription> {
+    let mut backoff = Backoff::new(RECONNECT_START, RECONNECT_MAX);
+    info!(endpoint = %config.event_endpoint, topic = %config.event_topic, "connecting to the publisher");
+    loop {
+        let error = tokio::select! {
+            () = stop.cancelled() => return None,
+            attempt = attempt(config) => match attempt {
+                Ok(subscription) => {
+                    info!(endpoint = %config.event_endpoint, "subscribed");
+                    return Some(subscription);
+                }
+                Err(error) => error,
+            },
+        };
+        let wait = backoff.next_wait();
+        if let Some(total) = stats.connect_failed() {
+            warn!(
+                %error,
+                total,
+                endpoint = %config.event_endpoint,
+                retry_in_ms = wait.as_millis() as u64,
+                "cannot reach the publisher; retrying"
+            );
+        }
+        tokio::select! {
+            () = stop.cancelled() => return None,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+async fn attempt(config: &BridgeConfig) -> Result<Subscription, ZmqError> {
+    let mut options = SocketOptions::default();
+    options.connect_timeout(CONNECT_ATTEMPT);
+    let mut socket = SubSocket::with_options(options);
+    let monitor = socket.monitor().boxed();
+    socket.subscribe(&config.event_topic).await?;
+    socket.connect(&config.event_endpoint).await?;
+    Ok(Subscription {
+        socket,
+        monitor: Some(monitor),
+    })
+}
