@@ -74,6 +74,17 @@ impl FakeWorker {
         self.socket = Some(bind(&self.port).await);
     }
 
+    /// The worker process dies and stays away: its PUB goes, with every connection; the port
+    /// stays reserved (connections are refused) until [`FakeWorker::bind`] brings it back.
+    pub fn go_away(&mut self) {
+        self.socket = None;
+    }
+
+    /// The PUB's port (to put another listener on it while the worker is away).
+    pub fn port(&self) -> &Port {
+        &self.port
+    }
+
     /// The PUB's `tcp://` endpoint.
     pub fn endpoint(&self) -> String {
         self.port.tcp()

@@ -10,6 +10,9 @@ use kv_testkit::indexer::Held;
 use kv_testkit::worker::{Captured, TOPIC, batch, captured, removed, stored};
 use kv_testkit::{BridgeFlags, FakeWorker, RunningBridge, TestIndexer, wait};
 use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 const WORKER: &str = "worker-0";
 
@@ -339,54 +342,46 @@ impl HangUp {
 /// old blocks are cleared and the new publisher's events are in the index.
 #[tokio::test]
 async fn keeps_following_through_a_publisher_outage_and_resyncs_when_it_is_back() {
-    let server = IndexServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
-    let (listener, endpoint) = loopback();
-    let addr = listener.local_addr().unwrap();
-    let mut publisher = Publisher::bind(listener).await;
-    let bridge = RunningBridge::start(bridge_config(server.addr, &endpoint, None));
-    publisher.wait_subscribed(&bridge.stats).await;
-    publisher
+    let mut setup = Setup::plain().await;
+    setup
+        .worker
         .publish(0, &batch(vec![stored(&[1, 2, 3], "GPU")]))
         .await;
     let universe: BTreeSet<i64> = (1..=9).collect();
-    server
-        .wait_for(&[(1, BTreeSet::from([1, 2, 3]))].into(), &universe)
-        .await;
+    setup.wait_for(&held(&[(1, &[1, 2, 3])]), &universe).await;
 
-    drop(publisher);
-    // The worker comes back on its own address: that is the scenario, so the test must bind
-    // the publisher's port again (and keeps that listener from here on).
-    let hang_up = HangUp::start(rebind(addr).await);
-    let failures = Stats::get(&bridge.stats.connect_failures);
+    setup.worker.go_away();
+    // The worker comes back on its own address: that is the scenario, so its port is listened
+    // on again (first by a peer that hangs up on every handshake).
+    let hang_up = HangUp::start(setup.worker.port().listen_std());
+    let stats = setup.bridge.stats.clone();
+    let failures = Stats::get(&stats.connect_failures);
     kv_testkit::wait::until(
         "the bridge's connects to fail while the worker is away",
         || {
-            let failed = Stats::get(&bridge.stats.connect_failures) >= failures + 3;
+            let failed = Stats::get(&stats.connect_failures) >= failures + 3;
             std::future::ready(failed.then_some(()))
         },
     )
     .await;
     assert!(
-        !bridge.task.is_finished(),
+        !setup.bridge.task.is_finished(),
         "the bridge gave up on an absent publisher"
     );
 
-    let mut publisher = Publisher::bind(hang_up.stop().await).await;
-    publisher.wait_subscribed(&bridge.stats).await;
-    publisher
+    drop(hang_up.stop().await);
+    setup.worker.bind().await;
+    setup.worker.wait_subscribed(&stats).await;
+    setup
+        .worker
         .publish(0, &batch(vec![stored(&[7, 8], "GPU")]))
         .await;
-    server
-        .wait_for(&[(1, BTreeSet::from([7, 8]))].into(), &universe)
+    setup.wait_for(&held(&[(1, &[7, 8])]), &universe).await;
+    assert!(Stats::get(&stats.reconnects) >= 1);
+    assert!(!setup.bridge.task.is_finished());
+    setup
+        .stop_after_clears(2, "start-up, then the resync once the worker was back")
         .await;
-    assert!(Stats::get(&bridge.stats.reconnects) >= 1);
-    assert_eq!(
-        Stats::get(&bridge.stats.clears),
-        2,
-        "start-up, then the resync once the worker was back"
-    );
-    assert!(!bridge.task.is_finished());
-    bridge.stop().await;
 }
 
 #[tokio::test]
