@@ -95,6 +95,7 @@ fn apply_message(
     pb::ApplyExternalKvBatchRequest {
         worker_id: WORKERS[usize::from(worker) % WORKERS.len()].into(),
         seq: u64::from(worker),
+        bridge_incarnation: None,
         worker_address: match address % 3 {
             0 => String::new(),
             n => format!("http://worker-{n}:30000"),
