@@ -30,3 +30,13 @@ pub async fn shutdown() {
         () = terminate => {}
     }
 }
+
+/// Cancels `stop` on the first SIGINT or SIGTERM (logging it), from a task of its own.
+pub fn cancel_on_shutdown(stop: &tokio_util::sync::CancellationToken) {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        shutdown().await;
+        tracing::info!("shutting down");
+        stop.cancel();
+    });
+}

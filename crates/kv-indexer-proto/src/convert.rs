@@ -63,13 +63,21 @@ pub fn cache_spec_message(spec: CacheSpec) -> pb::WorkerCacheSpec {
 }
 
 fn cache_spec(spec: pb::WorkerCacheSpec) -> CacheSpec {
+    let pb::WorkerCacheSpec {
+        version,
+        components,
+        swa_window_tokens,
+        full_tier_mask,
+        swa_tier_mask,
+        mamba_tier_mask,
+    } = spec;
     CacheSpec {
-        version: spec.version,
-        components: spec.components,
-        swa_window_tokens: spec.swa_window_tokens,
-        full_tier_mask: spec.full_tier_mask,
-        swa_tier_mask: spec.swa_tier_mask,
-        mamba_tier_mask: spec.mamba_tier_mask,
+        version,
+        components,
+        swa_window_tokens,
+        full_tier_mask,
+        swa_tier_mask,
+        mamba_tier_mask,
     }
 }
 

@@ -98,6 +98,17 @@ impl Durable {
         })
     }
 
+    /// A snapshot, written when this returns; its position.
+    async fn snapshot(&self) -> u64 {
+        let writer = self.shared.writer().unwrap();
+        writer.snapshot_and_wait().await.unwrap()
+    }
+
+    /// A liveness sweep, queued to the writer (a later snapshot waits for it).
+    fn sweep(&self) {
+        self.shared.writer().unwrap().sweep();
+    }
+
     /// SIGTERM's path: drain, final snapshot.
     async fn stop(self) {
         self.stop.cancel();
@@ -115,44 +126,34 @@ impl Durable {
 
     /// Every answer a router can get for `hashes`, and the digest.
     async fn answers(&mut self, hashes: &[i64]) -> String {
-        let prefix = self
-            .client
-            .match_external_kv_prefix(pb::MatchExternalKvPrefixRequest {
-                hashes: hashes.to_vec(),
-                max_blocks: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let exact = self
-            .client
-            .match_external_kv(pb::MatchExternalKvRequest {
-                hashes: hashes.to_vec(),
-                count_as_hit: false,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let hits = self
-            .client
-            .get_external_kv_hit_counts(pb::GetExternalKvHitCountsRequest {
-                hashes: hashes.to_vec(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        format!("{prefix:?}\n{exact:?}\n{hits:?}\n{}", self.shared.digest())
+        let (hashes, client) = (hashes.to_vec(), &mut self.client);
+        let prefix = pb::MatchExternalKvPrefixRequest {
+            hashes: hashes.clone(),
+            max_blocks: 0,
+        };
+        let prefix = client.match_external_kv_prefix(prefix).await;
+        let exact = pb::MatchExternalKvRequest {
+            hashes: hashes.clone(),
+            count_as_hit: false,
+        };
+        let exact = client.match_external_kv(exact).await;
+        let hits = pb::GetExternalKvHitCountsRequest { hashes };
+        let hits = client.get_external_kv_hit_counts(hits).await;
+        let answers = [
+            prefix.map(|r| format!("{:?}", r.into_inner())),
+            exact.map(|r| format!("{:?}", r.into_inner())),
+            hits.map(|r| format!("{:?}", r.into_inner())),
+        ];
+        format!("{answers:?}\n{}", self.shared.digest())
     }
 }
 
 fn apply(worker: &str, actions: Vec<pb::ExternalKvAction>) -> pb::ApplyExternalKvBatchRequest {
     pb::ApplyExternalKvBatchRequest {
-        worker_id: worker.into(),
-        seq: 1,
-        actions,
         worker_address: format!("http://{worker}:30000"),
-        cache_spec: None,
-        bridge_incarnation: None,
+        worker_id: worker.into(),
+        actions,
+        ..Default::default()
     }
 }
 
@@ -240,13 +241,7 @@ async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
         config.writer.sync = sync;
         let mut server = Durable::start(config.clone()).await.unwrap();
         some_history(&mut server).await;
-        let position = server
-            .shared
-            .writer()
-            .unwrap()
-            .snapshot_and_wait()
-            .await
-            .unwrap();
+        let position = server.snapshot().await;
         assert!(position > 0);
         server
             .apply(apply("w-d", vec![action(REPORT, HBM, &[0, 1, 2])]))
@@ -380,7 +375,7 @@ async fn a_silent_worker_expires_unless_every_worker_does() {
     // Waiting out the TTL is the behaviour under test.
     tokio::time::sleep(Duration::from_millis(400)).await;
     server.apply(apply("alive", Vec::new())).await.unwrap();
-    server.shared.writer().unwrap().sweep();
+    server.sweep();
     kv_testkit::wait::until("the dead worker's placements purged", || {
         let placements = server.shared.index_stats().placements;
         async move { (placements == 2).then_some(()) }
@@ -388,14 +383,8 @@ async fn a_silent_worker_expires_unless_every_worker_does() {
     .await;
     // Now both go silent: expiring every live worker at once is refused.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    server.shared.writer().unwrap().sweep();
-    server
-        .shared
-        .writer()
-        .unwrap()
-        .snapshot_and_wait()
-        .await
-        .unwrap();
+    server.sweep();
+    server.snapshot().await;
     assert_eq!(
         server.shared.index_stats().placements,
         2,
@@ -404,14 +393,8 @@ async fn a_silent_worker_expires_unless_every_worker_does() {
     server.stop().await;
     // After a restart every worker has a fresh TTL: nothing expires at once.
     let restarted = Durable::start(config).await.unwrap();
-    restarted.shared.writer().unwrap().sweep();
-    restarted
-        .shared
-        .writer()
-        .unwrap()
-        .snapshot_and_wait()
-        .await
-        .unwrap();
+    restarted.sweep();
+    restarted.snapshot().await;
     assert_eq!(restarted.shared.index_stats().placements, 2);
     restarted.stop().await;
 }
@@ -433,13 +416,7 @@ async fn state_with_snapshot(name: &str) -> (PathBuf, PathBuf, PathBuf) {
     let dir = temp_dir(name);
     let mut server = Durable::start(config(&dir)).await.unwrap();
     some_history(&mut server).await;
-    server
-        .shared
-        .writer()
-        .unwrap()
-        .snapshot_and_wait()
-        .await
-        .unwrap();
+    server.snapshot().await;
     server
         .apply(apply("w-e", vec![action(REPORT, HBM, &[1, 2, 3])]))
         .await
@@ -597,13 +574,7 @@ async fn recovered_equals_acknowledged(steps: Vec<Step>) {
                 }
             }
             Step::Snapshot => {
-                server
-                    .shared
-                    .writer()
-                    .unwrap()
-                    .snapshot_and_wait()
-                    .await
-                    .unwrap();
+                server.snapshot().await;
             }
             Step::Crash => {
                 let image = crash_image(&dir, "prop-crash");

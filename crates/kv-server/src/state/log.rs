@@ -84,24 +84,32 @@ pub struct Segment {
 
 /// The segments in `dir`, oldest first.
 pub fn segments(dir: &Path) -> Result<Vec<Segment>, LogError> {
+    Ok(numbered_files(dir, "log-", ".seg")?
+        .into_iter()
+        .map(|(first, path)| Segment { first, path })
+        .collect())
+}
+
+/// The files of `dir` named `<prefix><number><suffix>`, as (number, path), by number.
+pub fn numbered_files(
+    dir: &Path,
+    prefix: &str,
+    suffix: &str,
+) -> Result<Vec<(u64, PathBuf)>, LogError> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io("listing", dir))? {
         let entry = entry.map_err(io("listing", dir))?;
         let name = entry.file_name();
-        let Some(first) = name
+        let number = name
             .to_str()
-            .and_then(|n| n.strip_prefix("log-"))
-            .and_then(|n| n.strip_suffix(".seg"))
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        found.push(Segment {
-            first,
-            path: entry.path(),
-        });
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|n| n.strip_suffix(suffix))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(number) = number {
+            found.push((number, entry.path()));
+        }
     }
-    found.sort_by_key(|s| s.first);
+    found.sort();
     Ok(found)
 }
 
@@ -484,40 +492,40 @@ mod tests {
         assert_eq!(read[3].1, records(1, 7)[0]);
     }
 
-    #[test]
-    fn a_flipped_byte_before_the_tail_is_corruption_naming_file_and_offset() {
-        let dir = temp_dir("flip");
+    /// Three records of 100+ bytes, `damage` done to the bytes of the segment at the offset
+    /// of the second record, then the error of opening the log again.
+    fn open_damaged(name: &str, damage: impl FnOnce(&mut [u8], usize)) -> String {
+        let dir = temp_dir(name);
         let mut log = FileLog::open(&dir).unwrap();
         log.append(&records(3, 100)).unwrap();
         drop(log);
         let path = segment_path(&dir, 0);
         let mut bytes = std::fs::read(&path).unwrap();
-        let second_record = HEADER_LEN as usize + FRAME_LEN + 100 + FRAME_LEN + 3;
-        bytes[second_record] ^= 0x40;
+        damage(&mut bytes, HEADER_LEN as usize + FRAME_LEN + 100);
         std::fs::write(&path, &bytes).unwrap();
         let error = FileLog::open(&dir)
             .err()
             .expect("corruption stops the open");
-        let text = error.to_string();
-        let offset = HEADER_LEN as usize + FRAME_LEN + 100;
-        assert!(text.contains(&format!("at byte {offset}")), "{text}");
+        error.to_string()
+    }
+
+    const SECOND: usize = HEADER_LEN as usize + FRAME_LEN + 100;
+
+    #[test]
+    fn a_flipped_byte_before_the_tail_is_corruption_naming_file_and_offset() {
+        let text = open_damaged("flip", |bytes, second| {
+            bytes[second + FRAME_LEN + 3] ^= 0x40
+        });
+        assert!(text.contains(&format!("at byte {SECOND}")), "{text}");
         assert!(text.contains("log-00000000000000000000.seg"), "{text}");
         assert!(text.contains("checksum"), "{text}");
     }
 
     #[test]
     fn a_damaged_length_before_the_tail_is_corruption_not_a_cut() {
-        let dir = temp_dir("length");
-        let mut log = FileLog::open(&dir).unwrap();
-        log.append(&records(3, 100)).unwrap();
-        drop(log);
-        let path = segment_path(&dir, 0);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let second = HEADER_LEN as usize + FRAME_LEN + 100;
-        bytes[second + 3] = 0x7f; // the length now runs far past the end of the file
-        std::fs::write(&path, &bytes).unwrap();
-        let text = FileLog::open(&dir).err().unwrap().to_string();
-        assert!(text.contains(&format!("at byte {second}")), "{text}");
+        // The length now runs far past the end of the file.
+        let text = open_damaged("length", |bytes, second| bytes[second + 3] = 0x7f);
+        assert!(text.contains(&format!("at byte {SECOND}")), "{text}");
     }
 
     #[test]

@@ -31,26 +31,7 @@ pub struct Contents {
 
 /// The snapshot files in `dir`, oldest first, as (position, path).
 pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
-    let mut found = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|source| LogError::Io {
-        op: "listing",
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(position) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("snapshot-"))
-            .and_then(|n| n.strip_suffix(".snap"))
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        found.push((position, entry.path()));
-    }
-    found.sort();
-    Ok(found)
+    super::log::numbered_files(dir, "snapshot-", ".snap")
 }
 
 pub fn path(dir: &Path, position: u64) -> PathBuf {

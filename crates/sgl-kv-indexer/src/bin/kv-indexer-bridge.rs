@@ -29,14 +29,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     }
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            signal::shutdown().await;
-            info!("shutting down");
-            stop.cancel();
-        }
-    });
+    signal::cancel_on_shutdown(&stop);
     info!(worker_id = %config.worker_id, endpoint = %config.endpoint, "kv-indexer-bridge starting");
     let result = kv_bridge::run(config, Arc::new(Stats::default()), stop.clone()).await;
     stop.cancel();

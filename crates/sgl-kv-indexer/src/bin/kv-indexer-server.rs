@@ -12,7 +12,7 @@ use kv_server::service::Shared;
 use kv_server::{Args, Config, observe, server, state};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -41,14 +41,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     }
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            signal::shutdown().await;
-            info!("shutting down");
-            stop.cancel();
-        }
-    });
+    signal::cancel_on_shutdown(&stop);
     let apply_thread = match args.apply_listen_addr {
         None => None,
         Some(addr) => {
