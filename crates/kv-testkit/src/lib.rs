@@ -3,10 +3,12 @@
 //!
 //! - [`indexer`]: the real server on `127.0.0.1:0` in this process, with a raw gRPC client;
 //! - [`fixtures`]: the captured SGLang fixtures and their decoding helpers;
-//! - [`wait`]: readiness waits on a condition, with a deadline, instead of sleeps.
+//! - [`wait`]: readiness waits on a condition, with a deadline, instead of sleeps;
+//! - [`tokenizer`]: a tiny Hugging Face `tokenizer.json` that adds a BOS token.
 
 pub mod fixtures;
 pub mod indexer;
+pub mod tokenizer;
 pub mod wait;
 
 pub use indexer::TestIndexer;
