@@ -3,6 +3,9 @@
 //!
 //! - [`hashing`]: SGLang's block hashes from token ids (SHA-256 chain, bigrams, salts).
 //! - [`tokenize`]: a deterministic word tokenizer for tools and simulations.
+//! - [`tokenizer`]: prompt text to token ids as SGLang encodes it (a Hugging Face
+//!   `tokenizer.json` with feature `hf`, else the word tokenizer), shared by the router and the
+//!   simulated worker.
 //! - [`endpoint`]: the endpoint list (`http://`, `https://`, `unix:`; replicas in order),
 //!   rejected at start-up when it can never be dialed.
 //! - [`client`]: [`IndexerClient`], lazily connected, with the local admission bound, the
@@ -18,6 +21,7 @@ pub mod hashing;
 pub mod outcome;
 pub mod security;
 pub mod tokenize;
+pub mod tokenizer;
 
 pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES};
 pub use endpoint::{Endpoint, EndpointError};

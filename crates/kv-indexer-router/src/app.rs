@@ -11,15 +11,16 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
+use kv_common::telemetry::Metrics;
 use kv_indexer_client::hashing::HashConfig;
-use metrics_exporter_prometheus::PrometheusHandle;
+use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use parking_lot::RwLock;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use crate::policy::Policy;
-use crate::tokenizer::Tokenizer;
-use crate::workers::Workers;
+use crate::observe::{Answer, RequestMetrics};
+use crate::policy::{Decision, Policy, Rejected};
+use crate::workers::{LoadGuard, Worker, Workers};
 
 pub struct AppState {
     pub workers: Arc<Workers>,
@@ -27,7 +28,9 @@ pub struct AppState {
     pub http: reqwest::Client,
     pub tokenizer: Tokenizer,
     pub hashing: Arc<RwLock<Option<HashConfig>>>,
-    pub metrics: Option<PrometheusHandle>,
+    /// Renders `/metrics`; `None` answers 404.
+    pub metrics: Option<Metrics>,
+    pub observe: RequestMetrics,
     pub model_id: String,
 }
 
@@ -41,56 +44,87 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// An answer the router gives itself, as JSON `{"error": ...}`.
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    let body =
-        serde_json::json!({ "error": { "message": message.into(), "code": status.as_u16() } });
-    (status, axum::Json(body)).into_response()
+/// An answer the router gives itself, as JSON `{"error": {"message", "code"}}`: the one place
+/// that chooses the router's own HTTP status codes.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("the body is not JSON")]
+    NotJson,
+    #[error("{0}")]
+    BadRequest(&'static str),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("no healthy worker")]
+    NoHealthyWorker,
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    #[error("worker {url} failed")]
+    Worker {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("metrics are off")]
+    MetricsOff,
+}
+
+impl AppError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            AppError::NotJson | AppError::BadRequest(_) | AppError::Tokenizer(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            AppError::NoHealthyWorker | AppError::Rejected(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AppError::Worker { .. } => StatusCode::BAD_GATEWAY,
+            AppError::MetricsOff => StatusCode::NOT_FOUND,
+        }
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut message = self.to_string();
+        let mut source = std::error::Error::source(&self);
+        while let Some(cause) = source {
+            message = format!("{message}: {cause}");
+            source = cause.source();
+        }
+        let body = serde_json::json!({ "error": { "message": message, "code": status.as_u16() } });
+        (status, axum::Json(body)).into_response()
+    }
 }
 
 fn token_list(value: &Value) -> Option<Vec<u64>> {
     value.as_array()?.iter().map(Value::as_u64).collect()
 }
 
-async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let Ok(request) = serde_json::from_slice::<Value>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
-    };
+async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, AppError> {
+    let request = serde_json::from_slice::<Value>(&body).map_err(|_| AppError::NotJson)?;
     let tokens = match (
         request.get("input_ids"),
         request.get("text").and_then(Value::as_str),
     ) {
-        (Some(ids), _) => match token_list(ids) {
-            Some(tokens) => tokens,
-            None => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "input_ids must be a list of token ids",
-                );
-            }
-        },
-        (None, Some(text)) => state.tokenizer.encode(text),
-        (None, None) => return error(StatusCode::BAD_REQUEST, "text or input_ids is required"),
+        (Some(ids), _) => token_list(ids).ok_or(AppError::BadRequest(
+            "input_ids must be a list of token ids",
+        ))?,
+        (None, Some(text)) => state.tokenizer.encode(text)?,
+        (None, None) => return Err(AppError::BadRequest("text or input_ids is required")),
     };
     forward(&state, "/generate", body, &tokens).await
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let Ok(request) = serde_json::from_slice::<Value>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
-    };
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, AppError> {
+    let request = serde_json::from_slice::<Value>(&body).map_err(|_| AppError::NotJson)?;
     let tokens = match request.get("prompt") {
-        Some(Value::String(text)) => state.tokenizer.encode(text),
-        Some(ids @ Value::Array(_)) => match token_list(ids) {
-            Some(tokens) => tokens,
-            None => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "prompt must be a string or a list of token ids",
-                );
-            }
-        },
-        _ => return error(StatusCode::BAD_REQUEST, "prompt is required"),
+        Some(Value::String(text)) => state.tokenizer.encode(text)?,
+        Some(ids @ Value::Array(_)) => token_list(ids).ok_or(AppError::BadRequest(
+            "prompt must be a string or a list of token ids",
+        ))?,
+        _ => return Err(AppError::BadRequest("prompt is required")),
     };
     forward(&state, "/v1/completions", body, &tokens).await
 }
@@ -102,30 +136,38 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-async fn render_metrics(State(state): State<Arc<AppState>>) -> Response {
-    match &state.metrics {
-        Some(handle) => handle.render().into_response(),
-        None => error(StatusCode::NOT_FOUND, "metrics are off"),
-    }
+async fn render_metrics(State(state): State<Arc<AppState>>) -> Result<String, AppError> {
+    state
+        .metrics
+        .as_ref()
+        .map(Metrics::render)
+        .ok_or(AppError::MetricsOff)
 }
 
 /// Chooses a worker and proxies the request to it unchanged.
-async fn forward(state: &AppState, route: &'static str, body: Bytes, tokens: &[u64]) -> Response {
+async fn forward(
+    state: &AppState,
+    route: &'static str,
+    body: Bytes,
+    tokens: &[u64],
+) -> Result<Response, AppError> {
+    let refused = |error: AppError| {
+        let answer = Answer::Router {
+            status: error.status().as_u16(),
+        };
+        state.observe.request(route, answer, &state.workers);
+        error
+    };
     let decision = match state.policy.choose(&state.workers, tokens).await {
         Ok(Some(decision)) => decision,
-        Ok(None) => {
-            metrics::counter!("kv_router_requests_total", "route" => route, "status" => "503", "worker" => "none").increment(1);
-            return error(StatusCode::SERVICE_UNAVAILABLE, "no healthy worker");
-        }
+        Ok(None) => return Err(refused(AppError::NoHealthyWorker)),
         Err(rejected) => {
             warn!(%rejected, "indexer rejected the query: failing the request");
-            metrics::counter!("kv_router_requests_total", "route" => route, "status" => "503", "worker" => "none").increment(1);
-            return error(StatusCode::SERVICE_UNAVAILABLE, rejected.to_string());
+            return Err(refused(AppError::Rejected(rejected)));
         }
     };
     let worker = &state.workers.list[decision.worker];
-    metrics::counter!("kv_router_decisions_total", "reason" => decision.reason.label())
-        .increment(1);
+    state.observe.decision(decision.reason.label());
     info!(
         worker = %worker.url,
         reason = decision.reason.label(),
@@ -146,19 +188,39 @@ async fn forward(state: &AppState, route: &'static str, body: Bytes, tokens: &[u
         .await;
     let response = match sent {
         Ok(response) => response,
-        Err(err) => {
-            warn!(worker = %worker.url, error = %err, "worker request failed");
-            metrics::counter!("kv_router_requests_total", "route" => route, "status" => "502", "worker" => worker.url.clone()).increment(1);
-            return error(
-                StatusCode::BAD_GATEWAY,
-                format!("worker {} failed: {err}", worker.url),
-            );
+        Err(source) => {
+            warn!(worker = %worker.url, error = %source, "worker request failed");
+            let error = AppError::Worker {
+                url: worker.url.clone(),
+                source,
+            };
+            let answer = Answer::Worker {
+                worker: decision.worker,
+                status: error.status().as_u16(),
+            };
+            state.observe.request(route, answer, &state.workers);
+            return Err(error);
         }
     };
+    let answer = Answer::Worker {
+        worker: decision.worker,
+        status: response.status().as_u16(),
+    };
+    state.observe.request(route, answer, &state.workers);
+    state
+        .observe
+        .response_start(route, started.elapsed().as_secs_f64());
+    Ok(relay(response, guard, worker, &decision))
+}
+
+/// The worker's answer passed through as it streams, with the decision in headers.
+fn relay(
+    response: reqwest::Response,
+    guard: LoadGuard,
+    worker: &Worker,
+    decision: &Decision,
+) -> Response {
     let status = response.status();
-    metrics::counter!("kv_router_requests_total", "route" => route, "status" => status.as_str().to_string(), "worker" => worker.url.clone()).increment(1);
-    metrics::histogram!("kv_router_worker_response_start_seconds", "route" => route)
-        .record(started.elapsed().as_secs_f64());
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     // The load guard lives as long as the body stream: a streamed request stays active until
     // its last chunk.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use kv_indexer_client::ClientSecurity;
-use kv_indexer_client::endpoint::Endpoint;
+use kv_indexer_client::SecurityError;
+use kv_indexer_client::endpoint::{Endpoint, EndpointError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
@@ -58,7 +59,8 @@ pub struct Args {
         default_value_t = 1024
     )]
     pub cache_affinity_min_matched_tokens: usize,
-    /// A `tokenizer.json`, or a directory holding one; without it text uses the built-in
+    /// A `tokenizer.json`, or a directory holding one, encoding with special tokens as SGLang
+    /// does; one that cannot load stops start-up. Without it text uses the built-in
     /// deterministic tokenizer (the simulated worker's).
     #[arg(long, env = "KV_ROUTER_TOKENIZER_PATH")]
     pub tokenizer_path: Option<PathBuf>,
@@ -92,18 +94,37 @@ pub struct RouterConfig {
     pub indexer_security: ClientSecurity,
 }
 
+/// How errors name the tokenizer setting: the flag and the variable the router reads.
+pub const TOKENIZER_SETTING: &str = "--tokenizer-path (KV_ROUTER_TOKENIZER_PATH)";
+
+/// A setting that can never work, named as the flag and the variable the router reads.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--kv-indexer-endpoint (KV_INDEXER_ENDPOINT)")]
+    Endpoint(#[source] EndpointError),
+    #[error(
+        "--cache-prefix-provider indexer (KV_ROUTER_CACHE_PREFIX_PROVIDER) needs \
+         --kv-indexer-endpoint (KV_INDEXER_ENDPOINT)"
+    )]
+    IndexerWithoutEndpoint,
+    #[error("the Indexer TLS or token settings")]
+    Security(#[source] SecurityError),
+    #[error("--worker-urls (KV_ROUTER_WORKER_URLS): {url:?} is not an http(s)://host:port URL")]
+    WorkerUrl { url: String },
+}
+
 impl RouterConfig {
     /// Checks what clap cannot, naming the flag at fault: a bad Indexer endpoint stops start-up.
-    pub fn from_args(args: &Args) -> Result<RouterConfig, String> {
+    pub fn from_args(args: &Args) -> Result<RouterConfig, ConfigError> {
         let indexer = args
             .kv_indexer_endpoint
             .as_deref()
             .map(Endpoint::parse_list)
             .transpose()
-            .map_err(|error| format!("--kv-indexer-endpoint (KV_INDEXER_ENDPOINT): {error}"))?;
+            .map_err(ConfigError::Endpoint)?;
         let provider = match (args.cache_prefix_provider, &indexer) {
             (Some(PrefixProvider::Indexer), None) => {
-                return Err("--cache-prefix-provider indexer needs --kv-indexer-endpoint".into());
+                return Err(ConfigError::IndexerWithoutEndpoint);
             }
             (Some(provider), _) => provider,
             (None, Some(_)) => PrefixProvider::Indexer,
@@ -111,13 +132,11 @@ impl RouterConfig {
         };
         args.indexer_security
             .load()
-            .map_err(|error| format!("Indexer TLS or token setting: {error}"))?;
+            .map_err(ConfigError::Security)?;
         for url in &args.worker_urls {
             let parsed: Result<http::Uri, _> = url.parse();
             if !matches!(parsed, Ok(ref uri) if uri.scheme().is_some() && uri.host().is_some()) {
-                return Err(format!(
-                    "--worker-urls (KV_ROUTER_WORKER_URLS): {url:?} is not an http(s)://host:port URL"
-                ));
+                return Err(ConfigError::WorkerUrl { url: url.clone() });
             }
         }
         Ok(RouterConfig {
@@ -141,11 +160,20 @@ impl RouterConfig {
 mod tests {
     use super::*;
 
+    /// The config, or the error with its chain of causes as the binary prints it.
     fn config(argv: &[&str]) -> Result<RouterConfig, String> {
         let mut full = vec!["kv-indexer-router"];
         full.extend_from_slice(argv);
         let args = Args::try_parse_from(full).map_err(|e| e.to_string())?;
-        RouterConfig::from_args(&args)
+        RouterConfig::from_args(&args).map_err(|error| {
+            let mut chain = error.to_string();
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                chain = format!("{chain}: {cause}");
+                source = cause.source();
+            }
+            chain
+        })
     }
 
     #[test]
@@ -211,6 +239,37 @@ mod tests {
         let c = config(&["--worker-urls", "http://a:1"]).unwrap();
         assert_eq!(c.provider, PrefixProvider::RadixTree);
         assert_eq!(c.policy, PolicyName::CacheAware);
+    }
+
+    #[test]
+    fn errors_name_the_variable_the_router_reads() {
+        for (argv, variable) in [
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--kv-indexer-endpoint",
+                    "a:1",
+                ][..],
+                "KV_INDEXER_ENDPOINT",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--cache-prefix-provider",
+                    "indexer",
+                ][..],
+                "KV_ROUTER_CACHE_PREFIX_PROVIDER",
+            ),
+            (&["--worker-urls", "a:1"][..], "KV_ROUTER_WORKER_URLS"),
+        ] {
+            let error = config(argv).expect_err("must be rejected");
+            assert!(
+                error.contains(variable),
+                "{error:?} does not name {variable}"
+            );
+        }
     }
 
     #[test]

@@ -6,38 +6,56 @@
 //! - [`policy`]: choosing a worker (cache-aware on the Indexer or the radix tree, round robin,
 //!   random, power of two), with every Indexer failure falling back to load;
 //! - [`radix`]: the local approximate radix tree;
-//! - [`tokenizer`]: prompt text to token ids;
-//! - [`app`]: the proxied HTTP routes;
+//! - [`app`]: the proxied HTTP routes, and the one place that picks the router's own HTTP
+//!   status codes ([`app::AppError`]);
+//! - [`observe`]: metrics handles, registered once per label set;
 //! - [`throttle`]: warnings at doubling totals.
+//!
+//! Prompt text becomes token ids through `kv_indexer_client::tokenizer`, the tokenizer the
+//! simulated worker uses too, encoding as SGLang does.
 
 pub mod app;
 pub mod config;
+pub mod observe;
 pub mod policy;
 pub mod radix;
 pub mod throttle;
-pub mod tokenizer;
 pub mod workers;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
-use anyhow::Context;
-use kv_indexer_client::{ClientConfig, IndexerClient};
+use kv_common::telemetry::Metrics;
+use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
+use kv_indexer_client::{ClientConfig, ClientError, IndexerClient};
 use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 
 use crate::app::AppState;
-use crate::config::{PolicyName, PrefixProvider, RouterConfig};
+use crate::config::{PolicyName, PrefixProvider, RouterConfig, TOKENIZER_SETTING};
 use crate::policy::Policy;
 use crate::radix::RadixTree;
-use crate::tokenizer::Tokenizer;
 use crate::workers::Workers;
 
-/// Builds the router's state from a validated config.
+/// Why the router cannot start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("--kv-indexer-endpoint (KV_INDEXER_ENDPOINT)")]
+    Indexer(#[source] ClientError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("building the HTTP client")]
+    HttpClient(#[source] reqwest::Error),
+    #[error("serving HTTP")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Builds the router's state from a validated config. `metrics` serves `/metrics`; install it
+/// before calling this, as the state registers its metrics handles.
 pub fn state(
     config: &RouterConfig,
-    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-) -> anyhow::Result<Arc<AppState>> {
+    metrics: Option<Metrics>,
+) -> Result<Arc<AppState>, RouterError> {
     let hashing = Arc::new(RwLock::new(None));
     let policy = match (config.policy, config.provider, &config.indexer) {
         (PolicyName::CacheAware, PrefixProvider::Indexer, Some(endpoints)) => {
@@ -46,10 +64,11 @@ pub fn state(
             client_config.max_inflight = config.query_max_inflight;
             client_config.security = config.indexer_security.clone();
             Policy::CacheAwareIndexer {
-                client: IndexerClient::new(client_config).context("--kv-indexer-endpoint")?,
+                client: IndexerClient::new(client_config).map_err(RouterError::Indexer)?,
                 hashing: hashing.clone(),
                 min_matched_tokens: config.min_matched_tokens,
                 logs: Default::default(),
+                metrics: Default::default(),
             }
         }
         (PolicyName::CacheAware, _, _) => Policy::CacheAwareRadix {
@@ -60,17 +79,17 @@ pub fn state(
         (PolicyName::Random, _, _) => Policy::Random,
         (PolicyName::PowerOfTwo, _, _) => Policy::PowerOfTwo,
     };
-    let tokenizer =
-        Tokenizer::load(config.tokenizer_path.as_deref()).map_err(anyhow::Error::msg)?;
+    let tokenizer = Tokenizer::load(TOKENIZER_SETTING, config.tokenizer_path.as_deref())?;
     Ok(Arc::new(AppState {
         workers: Arc::new(Workers::new(&config.worker_urls)),
         policy,
         http: reqwest::Client::builder()
             .build()
-            .context("building the HTTP client")?,
+            .map_err(RouterError::HttpClient)?,
         tokenizer,
         hashing,
         metrics,
+        observe: Default::default(),
         model_id: config.model_id.clone(),
     }))
 }
@@ -82,7 +101,7 @@ pub async fn run(
     state: Arc<AppState>,
     config: &RouterConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), RouterError> {
     let stop = tokio_util::sync::CancellationToken::new();
     let mut background = tokio::task::JoinSet::new();
     {
@@ -109,7 +128,7 @@ pub async fn run(
     let result = axum::serve(listener, app::router(state))
         .with_graceful_shutdown(shutdown)
         .await
-        .context("serving HTTP");
+        .map_err(RouterError::Serve);
     stop.cancel();
     while background.join_next().await.is_some() {}
     result

@@ -4,12 +4,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use metrics::{Gauge, SharedString};
 use tracing::{info, warn};
 
 #[derive(Debug)]
 pub struct Worker {
     /// The URL as configured; Indexer answers are matched to it byte for byte.
     pub url: String,
+    /// The URL as a metrics label, built once: labelling a request clones a reference.
+    pub label: SharedString,
+    /// `kv_router_worker_healthy{worker}`.
+    healthy_gauge: Gauge,
     healthy: AtomicBool,
     /// Refused because its block size or hashing differs from the first worker's.
     refused: AtomicBool,
@@ -20,6 +25,19 @@ pub struct Worker {
 }
 
 impl Worker {
+    fn new(url: &str) -> Worker {
+        let label = SharedString::from(Arc::<str>::from(url));
+        Worker {
+            url: url.to_string(),
+            healthy_gauge: metrics::gauge!("kv_router_worker_healthy", "worker" => label.clone()),
+            label,
+            healthy: AtomicBool::new(true),
+            refused: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            routed: AtomicUsize::new(0),
+        }
+    }
+
     pub fn is_routable(&self) -> bool {
         self.healthy.load(Ordering::Relaxed) && !self.refused.load(Ordering::Relaxed)
     }
@@ -54,18 +72,11 @@ pub struct Workers {
 }
 
 impl Workers {
+    /// The registry of `urls`, each healthy until checked. Registers each worker's health
+    /// gauge: install the metrics recorder first.
     pub fn new(urls: &[String]) -> Workers {
         Workers {
-            list: urls
-                .iter()
-                .map(|url| Worker {
-                    url: url.clone(),
-                    healthy: AtomicBool::new(true),
-                    refused: AtomicBool::new(false),
-                    active: AtomicUsize::new(0),
-                    routed: AtomicUsize::new(0),
-                })
-                .collect(),
+            list: urls.iter().map(|url| Worker::new(url)).collect(),
         }
     }
 
@@ -114,8 +125,7 @@ impl Workers {
                     warn!(url = %worker.url, "worker is unhealthy");
                 }
             }
-            metrics::gauge!("kv_router_worker_healthy", "worker" => worker.url.clone())
-                .set(f64::from(u8::from(healthy)));
+            worker.healthy_gauge.set(f64::from(u8::from(healthy)));
         }
     }
 }

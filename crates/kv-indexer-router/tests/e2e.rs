@@ -25,11 +25,16 @@ struct Fleet {
 
 /// The Indexer, `n` simulated workers and a bridge for each; bridges announce `address(url)`.
 async fn fleet(n: usize, address: impl Fn(&str) -> String) -> Fleet {
+    fleet_of(n, address, &SimConfig::default()).await
+}
+
+/// As [`fleet`], every worker started with `sim`.
+async fn fleet_of(n: usize, address: impl Fn(&str) -> String, sim: &SimConfig) -> Fleet {
     let indexer = TestIndexer::start().await;
     let stop = CancellationToken::new();
     let mut workers = Vec::new();
     for i in 0..n {
-        let config = SimConfig::default();
+        let config = sim.clone();
         let worker = Worker::start(&config, Listeners::bind(&config).await.unwrap())
             .await
             .unwrap();
@@ -64,7 +69,12 @@ struct TestRouter {
 }
 
 async fn router(fleet: &Fleet) -> TestRouter {
-    let argv = vec![
+    router_with(fleet, &[]).await
+}
+
+/// As [`router`], with `extra` flags.
+async fn router_with(fleet: &Fleet, extra: &[&str]) -> TestRouter {
+    let mut argv = vec![
         "kv-indexer-router".to_string(),
         "--worker-urls".into(),
         fleet.workers.join(","),
@@ -73,6 +83,7 @@ async fn router(fleet: &Fleet) -> TestRouter {
         "--cache-affinity-min-matched-tokens".into(),
         "64".into(),
     ];
+    argv.extend(extra.iter().map(|flag| flag.to_string()));
     let config = RouterConfig::from_args(&Args::try_parse_from(argv).unwrap()).unwrap();
     let state = kv_indexer_router::state(&config, None).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -93,10 +104,26 @@ async fn router(fleet: &Fleet) -> TestRouter {
     }
 }
 
+/// What the router and the worker said about one request.
+#[derive(Debug)]
+struct Routed {
+    worker: String,
+    reason: String,
+    matched_blocks: u64,
+    cached_tokens: u64,
+    prompt_tokens: u64,
+}
+
 impl TestRouter {
     /// `/generate` of `tokens`: the worker that served it and its `cached_tokens`.
     async fn generate(&self, tokens: &[u64]) -> (String, u64) {
-        let body = json!({"input_ids": tokens, "sampling_params": {"max_new_tokens": 2}});
+        let routed = self.post(json!({"input_ids": tokens})).await;
+        (routed.worker, routed.cached_tokens)
+    }
+
+    /// `/generate` of `body` (two new tokens).
+    async fn post(&self, mut body: Value) -> Routed {
+        body["sampling_params"] = json!({"max_new_tokens": 2});
         let response = self
             .http
             .post(format!("{}/generate", self.url))
@@ -105,15 +132,17 @@ impl TestRouter {
             .await
             .unwrap();
         assert_eq!(response.status().as_u16(), 200);
-        let worker = response.headers()["x-routed-worker"]
-            .to_str()
-            .unwrap()
-            .to_string();
+        let header = |name| response.headers()[name].to_str().unwrap().to_string();
+        let (worker, reason) = (header("x-routed-worker"), header("x-routing-reason"));
+        let matched_blocks = header("x-matched-blocks").parse().unwrap();
         let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-        (
+        Routed {
             worker,
-            answer["meta_info"]["cached_tokens"].as_u64().unwrap(),
-        )
+            reason,
+            matched_blocks,
+            cached_tokens: answer["meta_info"]["cached_tokens"].as_u64().unwrap(),
+            prompt_tokens: answer["meta_info"]["prompt_tokens"].as_u64().unwrap(),
+        }
     }
 
     fn logs(&self) -> &kv_indexer_router::throttle::DoublingLogs {
@@ -218,4 +247,66 @@ async fn a_worker_url_that_differs_by_a_trailing_slash_gets_no_affinity_and_a_wa
         .unwrap();
     assert_eq!(response.headers()["x-routing-reason"], "no_usable_match");
     fleet.stop.cancel();
+}
+
+/// With a tokenizer that adds a BOS token, the router encodes a text prompt as the worker does
+/// (special tokens added, as SGLang does), so its block hashes are the ones the worker
+/// published: a router that left BOS out would find no match and route by load.
+#[tokio::test]
+async fn with_a_tokenizer_that_adds_bos_a_text_prompt_goes_to_the_worker_holding_its_prefix() {
+    let tokenizer = kv_testkit::tokenizer::BosTokenizer::write("router-e2e", 1_000);
+    let sim = SimConfig {
+        tokenizer_path: Some(tokenizer.path.clone()),
+        ..SimConfig::default()
+    };
+    let fleet = fleet_of(2, |url| url.to_string(), &sim).await;
+    let path = tokenizer.path.to_str().unwrap();
+    let router = router_with(&fleet, &["--tokenizer-path", path]).await;
+    let document: String = (0..320).map(|i| format!("w{i} ")).collect();
+
+    let first = router
+        .post(json!({"text": format!("{document}w900 w901")}))
+        .await;
+    assert_eq!(first.cached_tokens, 0, "{first:?}");
+    assert_eq!(
+        first.prompt_tokens,
+        1 + 322,
+        "the worker adds <s>: {first:?}"
+    );
+    // <s> and 322 words: 20 full pages of 16, all published and applied.
+    kv_testkit::wait::until("the first prompt's pages in the index", || async {
+        (fleet.indexer.shared.index_stats().blocks >= 20).then_some(())
+    })
+    .await;
+
+    let second = router
+        .post(json!({"text": format!("{document}w950 w951")}))
+        .await;
+    assert_eq!(second.reason, "cache_hit", "{second:?}");
+    assert_eq!(second.worker, first.worker, "{second:?}");
+    assert!(second.matched_blocks >= 20, "{second:?}");
+    assert!(second.cached_tokens >= 320, "{second:?}");
+    fleet.stop.cancel();
+}
+
+/// A tokenizer that cannot load stops the router at start, naming the setting it read.
+#[tokio::test]
+async fn a_tokenizer_that_cannot_load_stops_start_up_naming_the_setting() {
+    let tokenizer = kv_testkit::tokenizer::BosTokenizer::write("router-broken", 8);
+    std::fs::write(&tokenizer.path, "{not a tokenizer").unwrap();
+    let argv = [
+        "kv-indexer-router",
+        "--worker-urls",
+        "http://127.0.0.1:1",
+        "--tokenizer-path",
+        tokenizer.path.to_str().unwrap(),
+    ];
+    let config = RouterConfig::from_args(&Args::try_parse_from(argv).unwrap()).unwrap();
+    let Err(error) = kv_indexer_router::state(&config, None) else {
+        panic!("a broken tokenizer.json must stop start-up");
+    };
+    assert!(
+        error.to_string().contains("KV_ROUTER_TOKENIZER_PATH"),
+        "{error}"
+    );
 }

@@ -283,3 +283,34 @@ async fn takes_unhealthy_workers_out_of_rotation() {
         assert_eq!(router.generate(json!({"text": "x"})).await.1, live);
     }
 }
+
+/// A text the tokenizer cannot encode is an error answer, never a fallback to another
+/// tokenizer: a WordLevel vocabulary without its unknown token fails on a word it lacks.
+#[tokio::test]
+async fn a_prompt_the_tokenizer_cannot_encode_is_refused_with_400() {
+    let tokenizer = kv_testkit::tokenizer::BosTokenizer::write("router-no-unk", 8);
+    let mut json = kv_testkit::tokenizer::bos_tokenizer_json(8);
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    vocab.remove("[UNK]");
+    // The words of the load-time probe, so that the tokenizer passes it.
+    for (id, word) in (20..).zip(["The", "quick", "brown", "fox"]) {
+        vocab.insert(word.into(), json!(id));
+    }
+    std::fs::write(&tokenizer.path, json.to_string()).unwrap();
+    let a = fake_worker("a").await;
+    let router = start_router(&[
+        "--worker-urls",
+        &a,
+        "--policy",
+        "round_robin",
+        "--tokenizer-path",
+        tokenizer.path.to_str().unwrap(),
+    ])
+    .await;
+    let (status, worker, _) = router.generate(json!({"text": "w1 w2"})).await;
+    assert_eq!((status, worker.as_str()), (200, a.as_str()));
+    let (status, worker, body) = router.generate(json!({"text": "w1 zebra"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(worker.is_empty(), "no worker is asked: {worker}");
+    assert!(body.contains("cannot tokenize the prompt"), "{body}");
+}

@@ -148,9 +148,10 @@ impl SpeculativeAlgorithm {
     }
 }
 
-/// A setting with a value that cannot work, named as the user typed it.
+/// A setting with a value that cannot work, named as the user typed it: the flag and its
+/// variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("--{flag} {value}: {reason}")]
+#[error("--{flag} ({}) {value}: {reason}", variable(.flag))]
 pub struct ConfigError {
     pub flag: &'static str,
     pub value: String,
@@ -200,53 +201,7 @@ impl Default for Config {
 
 impl Config {
     pub fn from_args(args: Args) -> Result<Config, ConfigError> {
-        let bad = |flag: &'static str, value: &dyn ToString, reason: &'static str| ConfigError {
-            flag,
-            value: value.to_string(),
-            reason,
-        };
-        if args.page_size == 0 {
-            return Err(bad("page-size", &args.page_size, "must be at least 1"));
-        }
-        if args.capacity_tokens < args.page_size {
-            return Err(bad(
-                "capacity-tokens",
-                &args.capacity_tokens,
-                "must hold at least one page",
-            ));
-        }
-        if args.host_capacity_tokens != 0 && args.host_capacity_tokens < args.page_size {
-            return Err(bad(
-                "host-capacity-tokens",
-                &args.host_capacity_tokens,
-                "must be 0 (no host tier) or hold at least one page",
-            ));
-        }
-        if args.max_running == 0 {
-            return Err(bad("max-running", &args.max_running, "must be at least 1"));
-        }
-        if args.context_length == 0 {
-            return Err(bad(
-                "context-length",
-                &args.context_length,
-                "must be at least 1",
-            ));
-        }
-        if let Some(port) = args.replay_port
-            && port != 0
-            && port == args.kv_events_port
-        {
-            return Err(bad("replay-port", &port, "is the KV events port"));
-        }
-        for label in &args.component_types {
-            if !matches!(label.as_str(), "full" | "swa" | "mamba") {
-                return Err(bad(
-                    "component-types",
-                    label,
-                    "labels are full, swa and mamba",
-                ));
-            }
-        }
+        validate(&args)?;
         let encoding = match args.encoding {
             EncodingArg::Map => Encoding::Map,
             EncodingArg::Array => Encoding::Array,
@@ -294,6 +249,63 @@ impl Config {
             bigram: self.speculative_algorithm.is_some(),
         }
     }
+}
+
+/// The environment variable of `--flag`.
+fn variable(flag: &str) -> String {
+    format!("KV_INDEXER_SIM_{}", flag.to_uppercase().replace('-', "_"))
+}
+
+/// The rules clap cannot check: sizes that hold a page, distinct ports, known labels.
+fn validate(args: &Args) -> Result<(), ConfigError> {
+    let bad = |flag: &'static str, value: &dyn ToString, reason: &'static str| ConfigError {
+        flag,
+        value: value.to_string(),
+        reason,
+    };
+    if args.page_size == 0 {
+        return Err(bad("page-size", &args.page_size, "must be at least 1"));
+    }
+    if args.capacity_tokens < args.page_size {
+        return Err(bad(
+            "capacity-tokens",
+            &args.capacity_tokens,
+            "must hold at least one page",
+        ));
+    }
+    if args.host_capacity_tokens != 0 && args.host_capacity_tokens < args.page_size {
+        return Err(bad(
+            "host-capacity-tokens",
+            &args.host_capacity_tokens,
+            "must be 0 (no host tier) or hold at least one page",
+        ));
+    }
+    if args.max_running == 0 {
+        return Err(bad("max-running", &args.max_running, "must be at least 1"));
+    }
+    if args.context_length == 0 {
+        return Err(bad(
+            "context-length",
+            &args.context_length,
+            "must be at least 1",
+        ));
+    }
+    if let Some(port) = args.replay_port
+        && port != 0
+        && port == args.kv_events_port
+    {
+        return Err(bad("replay-port", &port, "is the KV events port"));
+    }
+    for label in &args.component_types {
+        if !matches!(label.as_str(), "full" | "swa" | "mamba") {
+            return Err(bad(
+                "component-types",
+                label,
+                "labels are full, swa and mamba",
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -368,6 +380,16 @@ mod tests {
         assert!(config.hash().bigram);
         assert_eq!(config.timing.prefill_per_token, Duration::from_micros(7));
         assert_eq!(config.max_running, 3);
+    }
+
+    #[test]
+    fn a_bad_value_names_the_variable_as_well_as_the_flag() {
+        let error = parse(&["--page-size", "32", "--host-capacity-tokens", "16"]).unwrap_err();
+        assert_eq!(
+            error,
+            "--host-capacity-tokens (KV_INDEXER_SIM_HOST_CAPACITY_TOKENS) 16: \
+             must be 0 (no host tier) or hold at least one page"
+        );
     }
 
     #[test]

@@ -17,7 +17,6 @@
 //! - [`engine`]: one request's life: queueing for a running slot, hashing, prefill and decode
 //!   time, filler output;
 //! - [`timing`]: the time model (costs per uncached prompt token and per output token);
-//! - [`tokenizer`]: a Hugging Face `tokenizer.json`, or the project's word tokenizer;
 //! - [`http`]: `/generate`, `/v1/completions`, `/server_info`, `/health`, `/get_model_info`,
 //!   `/flush_cache`;
 //! - [`config`]: flags and environment variables;
@@ -33,7 +32,6 @@ pub mod http;
 pub mod publisher;
 pub mod scheduler;
 pub mod timing;
-pub mod tokenizer;
 pub mod worker;
 
 pub use config::{Args, Config};

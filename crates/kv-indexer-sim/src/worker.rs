@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
+use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -17,7 +18,9 @@ use crate::engine::{Engine, EngineConfig};
 use crate::http::{self, AppState, WorkerInfo};
 use crate::publisher::{Publisher, PublisherError, PublisherStats, ReplayServer};
 use crate::scheduler::{Scheduler, SchedulerHandle};
-use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// How errors name the tokenizer setting: the flag and the variable `kv-indexer-sim` reads.
+pub const TOKENIZER_SETTING: &str = "--tokenizer-path (KV_INDEXER_SIM_TOKENIZER_PATH)";
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -86,6 +89,33 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
+    /// The addresses `listeners` were bound to.
+    fn of(config: &Config, listeners: &Listeners) -> Result<Endpoints, WorkerError> {
+        let local = |listener: &std::net::TcpListener, what| {
+            listener.local_addr().map_err(|source| WorkerError::Bind {
+                what,
+                addr: config.kv_events_addr,
+                source,
+            })
+        };
+        Ok(Endpoints {
+            http: listeners
+                .http
+                .local_addr()
+                .map_err(|source| WorkerError::Bind {
+                    what: "HTTP",
+                    addr: config.http_addr,
+                    source,
+                })?,
+            kv_events: local(&listeners.kv_events, "KV events")?,
+            replay: listeners
+                .replay
+                .as_ref()
+                .map(|listener| local(listener, "replay"))
+                .transpose()?,
+        })
+    }
+
     pub fn http_url(&self) -> String {
         format!("http://{}", self.http)
     }
@@ -117,30 +147,8 @@ impl Worker {
     /// Starts the scheduler and the sockets; HTTP is served by [`Worker::serve`] (or by calling
     /// [`Worker::router`] directly).
     pub async fn start(config: &Config, listeners: Listeners) -> Result<Worker, WorkerError> {
-        let tokenizer = Tokenizer::load(config.tokenizer_path.as_deref())?;
-        let local = |listener: &std::net::TcpListener, what| {
-            listener.local_addr().map_err(|source| WorkerError::Bind {
-                what,
-                addr: config.kv_events_addr,
-                source,
-            })
-        };
-        let endpoints = Endpoints {
-            http: listeners
-                .http
-                .local_addr()
-                .map_err(|source| WorkerError::Bind {
-                    what: "HTTP",
-                    addr: config.http_addr,
-                    source,
-                })?,
-            kv_events: local(&listeners.kv_events, "KV events")?,
-            replay: listeners
-                .replay
-                .as_ref()
-                .map(|listener| local(listener, "replay"))
-                .transpose()?,
-        };
+        let tokenizer = Tokenizer::load(TOKENIZER_SETTING, config.tokenizer_path.as_deref())?;
+        let endpoints = Endpoints::of(config, &listeners)?;
         let socket_error = |what| move |source| WorkerError::Socket { what, source };
         let publisher = Publisher::bind(listeners.kv_events, config.publisher.clone())
             .await
@@ -167,34 +175,10 @@ impl Worker {
             handle.clone(),
             requests.clone(),
         );
-        // Subscribers cannot dial a wildcard address: advertise loopback instead.
-        let kv_events_ip = match endpoints.kv_events.ip() {
-            ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            ip => ip,
-        };
-        let info = WorkerInfo {
-            model_path: config.model_path.clone(),
-            tokenizer_path: config
-                .tokenizer_path
-                .as_ref()
-                .map(|path| path.display().to_string()),
-            page_size: config.cache.page_size,
-            kv_events_host: kv_events_ip.to_string(),
-            kv_events_port: endpoints.kv_events.port(),
-            replay_port: endpoints.replay.map(|addr| addr.port()),
-            topic: config.publisher.topic.clone(),
-            speculative_algorithm: config
-                .speculative_algorithm
-                .map(|algorithm| algorithm.as_str().to_string()),
-            max_running: config.max_running,
-            capacity_tokens: config.cache.capacity_tokens,
-            host_capacity_tokens: config.cache.host_capacity_tokens,
-            context_length: config.context_length,
-        };
         let app = http::router(AppState {
             engine,
             tokenizer: Arc::new(tokenizer),
-            info: Arc::new(info),
+            info: Arc::new(worker_info(config, endpoints)),
         });
         Ok(Worker {
             app,
@@ -240,6 +224,34 @@ impl Worker {
         self.stop.cancel();
         while self.background.join_next().await.is_some() {}
         served.map_err(WorkerError::Serve)
+    }
+}
+
+/// What `/server_info` and `/get_model_info` say about a worker listening on `endpoints`.
+fn worker_info(config: &Config, endpoints: Endpoints) -> WorkerInfo {
+    // Subscribers cannot dial a wildcard address: advertise loopback instead.
+    let kv_events_ip = match endpoints.kv_events.ip() {
+        ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ip => ip,
+    };
+    WorkerInfo {
+        model_path: config.model_path.clone(),
+        tokenizer_path: config
+            .tokenizer_path
+            .as_ref()
+            .map(|path| path.display().to_string()),
+        page_size: config.cache.page_size,
+        kv_events_host: kv_events_ip.to_string(),
+        kv_events_port: endpoints.kv_events.port(),
+        replay_port: endpoints.replay.map(|addr| addr.port()),
+        topic: config.publisher.topic.clone(),
+        speculative_algorithm: config
+            .speculative_algorithm
+            .map(|algorithm| algorithm.as_str().to_string()),
+        max_running: config.max_running,
+        capacity_tokens: config.cache.capacity_tokens,
+        host_capacity_tokens: config.cache.host_capacity_tokens,
+        context_length: config.context_length,
     }
 }
 

@@ -9,12 +9,14 @@
 //!   encoding, and the live messages captured off a real one;
 //! - [`bridge`]: the real bridge in this process, configured by its flags;
 //! - [`fixtures`]: the captured SGLang fixtures and their decoding helpers;
-//! - [`wait`]: readiness waits on a condition, with a deadline, instead of sleeps.
+//! - [`wait`]: readiness waits on a condition, with a deadline, instead of sleeps;
+//! - [`tokenizer`]: a tiny Hugging Face `tokenizer.json` that adds a BOS token.
 
 pub mod bridge;
 pub mod fixtures;
 pub mod indexer;
 pub mod port;
+pub mod tokenizer;
 pub mod wait;
 pub mod worker;
 

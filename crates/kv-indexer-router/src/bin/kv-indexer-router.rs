@@ -1,32 +1,30 @@
-//! `kv-indexer-router`: parse settings, start logging, serve until SIGINT or SIGTERM.
+//! `kv-indexer-router`: parse settings, start logging and metrics, serve until SIGINT or
+//! SIGTERM.
 
 use anyhow::Context;
 use clap::Parser;
 use kv_common::signal;
+use kv_common::telemetry::{self, Metrics};
 use kv_indexer_router::config::{Args, RouterConfig};
-use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let config = RouterConfig::from_args(&args)
-        .map_err(anyhow::Error::msg)
-        .context("bad setting")?;
-    let metrics = PrometheusBuilder::new()
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    telemetry::init_tracing();
+    let config = RouterConfig::from_args(&args).context("bad setting")?;
+    // The recorder's upkeep runs until the router stops, so that histogram samples are folded
+    // into their summaries whether or not anything scrapes `/metrics`.
+    let stop_metrics = CancellationToken::new();
+    let metrics = Metrics::install(&[], &stop_metrics)?;
     let state = kv_indexer_router::state(&config, Some(metrics))?;
     let listener = TcpListener::bind(args.listen_addr)
         .await
         .with_context(|| format!("binding KV_ROUTER_LISTEN_ADDR {}", args.listen_addr))?;
     info!(addr = %args.listen_addr, policy = ?config.policy, provider = ?config.provider, workers = ?config.worker_urls, "kv-indexer-router listening");
-    kv_indexer_router::run(listener, state, &config, signal::shutdown()).await
+    let served = kv_indexer_router::run(listener, state, &config, signal::shutdown()).await;
+    stop_metrics.cancel();
+    Ok(served?)
 }

@@ -25,13 +25,13 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
+use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::engine::{Engine, GenerateRequest, Output, Usage};
 use crate::events::Medium;
 use crate::scheduler::FlushError;
-use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// What `/server_info` and `/get_model_info` describe.
 #[derive(Debug, Clone, PartialEq, Eq)]
