@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""What durability costs, with real processes on loopback (server pinned to CPU 0, the load
+generator to CPU 1 when the machine has two):
+
+1. ingest: apply throughput and latency over gRPC (kv-indexer-loadgen's REPORT/REVOKE churn)
+   in memory and with KV_INDEXER_LOG_SYNC off / batch / always;
+2. start-up: preload P placements, then (a) SIGTERM (final snapshot) and restart, (b) kill -9
+   and restart (snapshot + log replay); time from the restart to SERVING, the snapshot's time
+   and size, disk bytes per placement;
+3. snapshot stalls: the longest apply and query latency while snapshots run every second,
+   next to the same run without snapshots.
+
+    scripts/durable_bench.py [--placements 1000000,10000000] [--only ingest,startup,stall]
+
+Only the Python standard library; binaries from target/release (built unless --no-build).
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target/release")
+HOST = "127.0.0.1"
+TWO_CPUS = (os.cpu_count() or 1) >= 2
+
+
+def pinned(cpu, argv):
+    return (["taskset", "-c", str(cpu)] + argv) if TWO_CPUS and shutil.which("taskset") else argv
+
+
+class Server:
+    def __init__(self, port, logs, extra):
+        self.port, self.admin = port, f"{HOST}:{port + 1}"
+        self.log_path = os.path.join(logs, f"server-{port}-{int(time.time() * 1000)}.log")
+        self.log = open(self.log_path, "w")
+        self.started = time.time()
+        self.popen = subprocess.Popen(
+            pinned(0, [f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{port}",
+                       "--metrics-addr", self.admin, "--worker-ttl-s", "0", *extra]),
+            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+
+    def state(self):
+        with urllib.request.urlopen(f"http://{self.admin}/state", timeout=120) as r:
+            return json.loads(r.read())
+
+    def wait_ready(self, timeout=600):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                if self.state()["ready"]:
+                    return time.time() - self.started
+            except Exception:
+                pass
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"the server exited; see {self.log_path}")
+            time.sleep(0.005)
+        raise RuntimeError("the server never became ready")
+
+    def stop(self, sig=signal.SIGTERM):
+        self.popen.send_signal(sig)
+        self.popen.wait(timeout=600)
+        self.log.close()
+
+    def log_text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+def loadgen(port, *flags):
+    out = subprocess.run(pinned(1, [f"{BIN}/kv-indexer-loadgen", "--endpoint", f"http://{HOST}:{port}",
+                                    *map(str, flags)]), capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {out.stdout} {out.stderr}")
+    return out.stdout
+
+
+def dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if os.path.isfile(os.path.join(path, f)))
+
+
+def ingest(args, logs):
+    print("\n## ingest: REPORT/REVOKE churn over gRPC (target "
+          f"{args.ingest_ops / 1e6:.1f} M block-ops/s, {args.ingest_batch} hashes per apply)")
+    print(f"{'mode':<14} {'achieved M/s':>12} {'apply p50 µs':>12} {'p99 µs':>8} {'max µs':>8}")
+    for mode in ["memory", "off", "batch", "always"]:
+        state = tempfile.mkdtemp(prefix="kv-bench-state-", dir=args.state_root)
+        extra = [] if mode == "memory" else ["--state-dir", state, "--log-sync", mode, "--snapshot-interval-s", "0"]
+        server = Server(args.base_port, logs, extra)
+        server.wait_ready()
+        out = loadgen(args.base_port, "--workers", 16, "--prompts", 16, "--prompt-blocks", 64, "--qps", 1,
+                      "--concurrency", 1, "--duration-secs", args.ingest_secs, "--ingest-ops", args.ingest_ops,
+                      "--ingest-batch", args.ingest_batch)
+        server.stop()
+        achieved = re.search(r"ingest: ([\d.]+) M block-ops/s", out).group(1)
+        lat = re.search(r"apply \(REPORT or REVOKE\) latency µs over \d+: p50 (\d+) p99 (\d+) max (\d+)", out)
+        print(f"{mode:<14} {achieved:>12} {lat.group(1):>12} {lat.group(2):>8} {lat.group(3):>8}")
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def preload_flags(placements):
+    # loadgen reports each prompt whole for one worker and cut at random for two more:
+    # about 2 x prompts x blocks placements.
+    blocks = 4096
+    prompts = max(1, placements // (2 * blocks))
+    return ["--workers", 256, "--prompts", prompts, "--prompt-blocks", blocks, "--qps", 1,
+            "--concurrency", 1, "--duration-secs", 0]
+
+
+def startup(args, logs):
+    print("\n## start-up: time from the process start to SERVING")
+    print(f"{'placements':>11} {'how':<28} {'to SERVING s':>12} {'snapshot s':>10} {'snapshot MB':>11} "
+          f"{'disk B/placement':>16} {'digest':>7}")
+    for target in args.placements:
+        state = tempfile.mkdtemp(prefix="kv-bench-state-", dir=args.state_root)
+        extra = ["--state-dir", state, "--snapshot-interval-s", "0"]
+        server = Server(args.base_port, logs, extra)
+        server.wait_ready()
+        loadgen(args.base_port, *preload_flags(target))
+        before = server.state()
+        placements = before["placements"]
+        log_bytes = dir_bytes(state)
+        # (b) first: kill -9 with everything in the log, replayed at start.
+        server.stop(signal.SIGKILL)
+        replayed = Server(args.base_port, logs, extra)
+        t_replay = replayed.wait_ready()
+        same = replayed.state()["digest"] == before["digest"]
+        print(f"{placements:>11} {'kill -9: log replay':<28} {t_replay:>12.2f} {'-':>10} {'-':>11} "
+              f"{log_bytes / placements:>16.1f} {'equal' if same else 'DIFFERS':>7}")
+        # (a) SIGTERM writes the final snapshot; the restart loads it.
+        t0 = time.time()
+        replayed.stop(signal.SIGTERM)
+        took = time.time() - t0
+        snap = [f for f in os.listdir(state) if f.endswith(".snap")]
+        snap_bytes = sum(os.path.getsize(os.path.join(state, f)) for f in snap)
+        m = re.search(r"snapshot written.*?took_ms=(\d+)", replayed.log_text())
+        snap_s = int(m.group(1)) / 1000 if m else took
+        loaded = Server(args.base_port, logs, extra)
+        t_snap = loaded.wait_ready()
+        same = loaded.state()["digest"] == before["digest"]
+        print(f"{placements:>11} {'SIGTERM: snapshot load':<28} {t_snap:>12.2f} {snap_s:>10.2f} "
+              f"{snap_bytes / 1e6:>11.1f} {dir_bytes(state) / placements:>16.1f} {'equal' if same else 'DIFFERS':>7}")
+        loaded.stop(signal.SIGKILL)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def stall(args, logs):
+    print("\n## snapshot stalls: queries and applies while snapshots run every second")
+    print(f"{'snapshots':<10} {'placements':>10} {'query p99 µs':>12} {'query max µs':>12} {'apply p99 µs':>12} "
+          f"{'apply max µs':>12} {'snapshots':>9}")
+    for every in [0, 1]:
+        state = tempfile.mkdtemp(prefix="kv-bench-state-", dir=args.state_root)
+        server = Server(args.base_port, logs, ["--state-dir", state, "--snapshot-interval-s", str(every)])
+        server.wait_ready()
+        loadgen(args.base_port, *preload_flags(args.stall_placements))
+        placements = server.state()["placements"]
+        out = loadgen(args.base_port, "--workers", 256, "--prompts", 64, "--prompt-blocks", 1024, "--qps", 2000,
+                      "--concurrency", 8, "--duration-secs", args.stall_secs, "--ingest-ops", 200000,
+                      "--ingest-batch", 4096)
+        server.stop()
+        q = re.search(r"OK: +\d+ .*?p99 (\d+) p999 \d+ max (\d+)", out)
+        a = re.search(r"apply \(REPORT or REVOKE\) latency µs over \d+: p50 \d+ p99 (\d+) max (\d+)", out)
+        count = server.log_text().count("snapshot written")
+        print(f"{('every 1 s' if every else 'none'):<10} {placements:>10} {q.group(1):>12} {q.group(2):>12} "
+              f"{a.group(1):>12} {a.group(2):>12} {count:>9}")
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="ingest,startup,stall")
+    ap.add_argument("--placements", default="1000000,10000000")
+    ap.add_argument("--base-port", type=int, default=48800)
+    ap.add_argument("--ingest-ops", type=int, default=3_000_000)
+    ap.add_argument("--ingest-batch", type=int, default=4096)
+    ap.add_argument("--ingest-secs", type=int, default=8)
+    ap.add_argument("--stall-placements", type=int, default=2_000_000)
+    ap.add_argument("--stall-secs", type=int, default=10)
+    ap.add_argument("--state-root", default=None, help="where state directories go (default: the temp dir)")
+    ap.add_argument("--no-build", action="store_true")
+    args = ap.parse_args()
+    args.placements = [int(p) for p in args.placements.split(",") if p]
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-tools"],
+                       cwd=ROOT, check=True)
+    logs = tempfile.mkdtemp(prefix="kv-durable-bench-")
+    print(f"machine: {os.cpu_count()} CPUs; server on CPU 0, load generator on CPU 1; logs {logs}")
+    for part in args.only.split(","):
+        {"ingest": ingest, "startup": startup, "stall": stall}[part](args, logs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
