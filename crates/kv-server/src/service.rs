@@ -298,9 +298,7 @@ impl IndexerService {
         &self,
         request: pb::ApplyExternalKvBatchRequest,
     ) -> Result<pb::ApplyExternalKvBatchResponse, ServerError> {
-        let writer = self.shared.writer()?;
-        let valid = convert::apply_request(request.clone()).validate()?;
-        writer.apply(request, valid).await?;
+        self.shared.writer()?.apply(request).await?;
         Ok(pb::ApplyExternalKvBatchResponse {})
     }
 

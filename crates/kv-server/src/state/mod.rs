@@ -23,7 +23,6 @@ use std::path::PathBuf;
 
 use kv_index::{ActionRequest, ApplyRequest, Index, IndexStats, NodeMatch, Tier, ValidApply};
 use kv_indexer_proto::convert;
-use kv_indexer_proto::v1 as pb;
 
 use self::log::{EventLog, FileLog, LogError};
 use self::record::{Change, Record, RecordError};
@@ -89,15 +88,13 @@ pub enum Applied {
 }
 
 /// Refuses an apply from an older bridge incarnation than the worker's newest.
-pub fn fence(meta: &Meta, request: &pb::ApplyExternalKvBatchRequest) -> Result<(), ServerError> {
-    let (Some(incarnation), Some(known)) =
-        (request.bridge_incarnation, meta.get(&request.worker_id))
-    else {
+pub fn fence(meta: &Meta, worker_id: &str, incarnation: Option<u64>) -> Result<(), ServerError> {
+    let (Some(incarnation), Some(known)) = (incarnation, meta.get(worker_id)) else {
         return Ok(());
     };
     if incarnation < known.incarnation {
         return Err(ServerError::Fenced {
-            worker_id: request.worker_id.clone(),
+            worker_id: worker_id.to_owned(),
             incarnation,
             newest: known.incarnation,
         });

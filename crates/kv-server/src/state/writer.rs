@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kv_index::{Index, IndexStats, NodeMatch, ValidApply};
+use kv_indexer_proto::convert;
 use kv_indexer_proto::v1 as pb;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
@@ -57,7 +58,10 @@ pub struct WriterConfig {
 /// What the server sends the writer.
 enum Job {
     Apply {
-        request: Box<pb::ApplyExternalKvBatchRequest>,
+        /// The record's bytes, encoded by the caller (none without a log).
+        bytes: Option<Vec<u8>>,
+        incarnation: Option<u64>,
+        time_ms: u64,
         valid: ValidApply,
         reply: oneshot::Sender<Result<IndexStats, ServerError>>,
     },
@@ -76,6 +80,8 @@ enum Job {
 #[derive(Clone, Debug)]
 pub struct Writer {
     jobs: mpsc::Sender<Job>,
+    /// Whether changes are logged (a state directory).
+    logged: bool,
 }
 
 impl std::fmt::Debug for Job {
@@ -101,6 +107,7 @@ impl Writer {
         config: WriterConfig,
     ) -> std::io::Result<Writer> {
         let (jobs, queue) = mpsc::channel(QUEUE);
+        let logged = durable.is_some();
         let durable = durable.map(|(dir, log)| Durable::new(dir, log, config.sync));
         let thread = Thread {
             index,
@@ -113,18 +120,24 @@ impl Writer {
         std::thread::Builder::new()
             .name("kv-indexer-writer".into())
             .spawn(move || thread.run(queue))?;
-        Ok(Writer { jobs })
+        Ok(Writer { jobs, logged })
     }
 
-    /// Logs and applies a validated apply; answers once it is in the index.
+    /// Validates, logs and applies an apply; answers once it is in the index. The record is
+    /// encoded here, on the caller's thread, from the request as it came.
     pub async fn apply(
         &self,
         request: pb::ApplyExternalKvBatchRequest,
-        valid: ValidApply,
     ) -> Result<IndexStats, ServerError> {
+        let time_ms = now_ms();
+        let incarnation = request.bridge_incarnation;
+        let bytes = self.logged.then(|| Record::encode_apply(time_ms, &request));
+        let valid = convert::apply_request(request).validate()?;
         let (reply, answer) = oneshot::channel();
         self.send(Job::Apply {
-            request: Box::new(request),
+            bytes,
+            incarnation,
+            time_ms,
             valid,
             reply,
         })
@@ -291,7 +304,7 @@ impl Syncer {
 /// A change accepted for the log, waiting for the group's append.
 enum Accepted {
     Apply {
-        bytes: Vec<u8>,
+        bytes: Option<Vec<u8>>,
         valid: ValidApply,
         incarnation: Option<u64>,
         time_ms: u64,
@@ -338,11 +351,20 @@ impl Thread {
         for job in group {
             match job {
                 Job::Apply {
-                    request,
+                    bytes,
+                    incarnation,
+                    time_ms,
                     valid,
                     reply,
                 } => {
-                    if let Some(accept) = self.accept_apply(*request, valid, reply) {
+                    let apply = Accepted::Apply {
+                        bytes,
+                        valid,
+                        incarnation,
+                        time_ms,
+                        reply,
+                    };
+                    if let Some(accept) = self.accept_apply(apply) {
                         accepted.push(accept);
                     }
                 }
@@ -378,34 +400,22 @@ impl Thread {
 
     /// Fences an apply; an accepted one raises the worker's incarnation at once, so that an
     /// older bridge's apply later in the same group is fenced too.
-    fn accept_apply(
-        &mut self,
-        request: pb::ApplyExternalKvBatchRequest,
-        valid: ValidApply,
-        reply: oneshot::Sender<Result<IndexStats, ServerError>>,
-    ) -> Option<Accepted> {
-        if let Err(error) = fence(&self.meta, &request) {
-            let _ = reply.send(Err(error));
+    fn accept_apply(&mut self, apply: Accepted) -> Option<Accepted> {
+        let Accepted::Apply {
+            valid, incarnation, ..
+        } = &apply
+        else {
+            return Some(apply);
+        };
+        if let Err(error) = fence(&self.meta, valid.worker_id(), *incarnation) {
+            apply.refuse(error);
             return None;
         }
-        let incarnation = request.bridge_incarnation;
-        if let Some(incarnation) = incarnation {
-            let entry = self.meta.entry(request.worker_id.clone()).or_default();
+        if let Some(incarnation) = *incarnation {
+            let entry = self.meta.entry(valid.worker_id().to_owned()).or_default();
             entry.incarnation = entry.incarnation.max(incarnation);
         }
-        let time_ms = now_ms();
-        // The record keeps the request as it came (its bytes are what replay validates).
-        let record = Record {
-            time_ms,
-            change: Change::Apply(request),
-        };
-        Some(Accepted::Apply {
-            bytes: record.encode(),
-            valid,
-            incarnation,
-            time_ms,
-            reply,
-        })
+        Some(apply)
     }
 
     /// Appends the accepted changes as one group, then applies and answers each in order.
@@ -413,7 +423,8 @@ impl Thread {
         if accepted.is_empty() {
             return;
         }
-        if let Err(reason) = self.append(&accepted) {
+        let mut accepted = accepted;
+        if let Err(reason) = self.append(&mut accepted) {
             for change in accepted {
                 change.refuse(ServerError::LogUnwritable(reason.clone()));
             }
@@ -425,20 +436,22 @@ impl Thread {
     }
 
     /// Appends the group to the log; why not, when the log cannot be written.
-    fn append(&mut self, accepted: &[Accepted]) -> Result<(), Arc<StateError>> {
+    fn append(&mut self, accepted: &mut [Accepted]) -> Result<(), Arc<StateError>> {
         if let Some(reason) = &self.failed {
             return Err(reason.clone());
         }
         let Some(durable) = &mut self.durable else {
             return Ok(());
         };
-        let records: Vec<Vec<u8>> = accepted
-            .iter()
-            .map(|change| match change {
-                Accepted::Apply { bytes, .. } => bytes.clone(),
+        let mut records: Vec<Vec<u8>> = Vec::with_capacity(accepted.len());
+        for change in accepted.iter_mut() {
+            records.push(match change {
+                Accepted::Apply { bytes, .. } => {
+                    bytes.take().expect("a logged apply has its bytes")
+                }
                 Accepted::Other { record, .. } => record.encode(),
-            })
-            .collect();
+            });
+        }
         durable.append(&records).map_err(|error| {
             let reason = kv_common::error_chain(&error);
             error!(%reason, "the log cannot be written: refusing changes until restart");
