@@ -106,6 +106,44 @@ def tcp_open(port):
         return True
 
 
+# The options Fleet, Traffic and settle read, shared by the scripts that run a fleet: (flag, type,
+# default where most scripts agree, help).
+FLEET_OPTIONS = [
+    ("--workers", int, None, None),
+    ("--base-port", int, None, None),
+    ("--docs", int, None, "shared documents (prefixes)"),
+    ("--doc-tokens", int, 512, None),
+    ("--suffix-tokens", int, 64, None),
+    ("--capacity-tokens", int, None, "each worker's device cache"),
+    ("--host-capacity-tokens", int, None, "each worker's host tier"),
+    ("--down-s", float, 1.0, "how long a killed process stays down"),
+    ("--stable-s", float, None,
+     "settled when the index has not changed for this long (longer than the bridge's backoff steps)"),
+    ("--deadline-s", float, None, None),
+    ("--poll-s", float, None, None),
+    ("--seed", int, None, None),
+]
+
+
+def add_fleet_args(ap, **defaults):
+    """Adds FLEET_OPTIONS and --no-build to `ap`; `defaults` (base_port=47300, ...) gives the
+    script's own default for an option, and must for those without a shared one."""
+    for flag, kind, default, help in FLEET_OPTIONS:
+        ap.add_argument(flag, type=kind, default=defaults.pop(flag[2:].replace("-", "_"), default), help=help)
+    if defaults:
+        raise TypeError(f"not fleet options: {sorted(defaults)}")
+    ap.add_argument("--no-build", action="store_true")
+
+
+def build(args, *packages):
+    """Builds the release binaries of `packages` with cargo, unless --no-build."""
+    if not args.no_build:
+        argv = ["cargo", "build", "--release", "-q"]
+        for package in packages:
+            argv += ["-p", package]
+        subprocess.run(argv, cwd=ROOT, check=True)
+
+
 class Proc:
     """One binary, restartable with the same arguments."""
 
@@ -427,40 +465,35 @@ def run_fault(args, name, logs_root, seed, run=0):
         stop_all()
 
 
+def result_row(name, r):
+    """One fault's line of the summary table; `r` is None when the fault failed to run."""
+    head = f"{name:<22} {FAULTS[name][2]:<44}"
+    if r is None:
+        return f"{head} {'ERROR':>8}"
+    conv = f"{r['converge']:.2f}" + ("" if r["settled"] else " (deadline)")
+    return (f"{head} {r['requests']:>8} {r['expected']:>9} {r['held']:>6} "
+            f"{r['over']:>5} {r['under']:>6} {conv:>10}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(FAULTS), help="comma-separated faults: " + ", ".join(FAULTS))
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--base-port", type=int, default=47300)
-    ap.add_argument("--docs", type=int, default=24, help="shared documents (prefixes)")
-    ap.add_argument("--doc-tokens", type=int, default=512)
-    ap.add_argument("--suffix-tokens", type=int, default=64)
-    ap.add_argument("--capacity-tokens", type=int, default=4096, help="each worker's device cache")
-    ap.add_argument("--host-capacity-tokens", type=int, default=8192, help="each worker's host tier")
+    add_fleet_args(ap, workers=2, base_port=47300, docs=24, capacity_tokens=4096, host_capacity_tokens=8192,
+                   stable_s=4.0, deadline_s=40.0, poll_s=0.2, seed=7)
     ap.add_argument("--before", type=int, default=30, help="requests per worker before the fault")
     ap.add_argument("--after", type=int, default=15, help="requests per worker after the fault")
     ap.add_argument("--during-s", type=float, default=2.0, help="steady traffic around the fault")
     ap.add_argument("--busy-requests", type=int, default=300,
                     help="requests to the restarted worker at once (sim-restart-busy)")
-    ap.add_argument("--down-s", type=float, default=1.0, help="how long a killed process stays down")
-    ap.add_argument("--stable-s", type=float, default=4.0,
-                    help="settled when the index has not changed for this long (longer than the bridge's backoff steps)")
-    ap.add_argument("--deadline-s", type=float, default=40.0)
-    ap.add_argument("--poll-s", type=float, default=0.2)
-    ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the selected faults this many times (each run a fresh fleet and seed)")
-    ap.add_argument("--no-build", action="store_true")
     args = ap.parse_args()
     faults = [f for f in args.only.split(",") if f]
     for f in faults:
         if f not in FAULTS:
             ap.error(f"unknown fault {f!r}")
 
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim",
-                        "-p", "kv-indexer-tools"],
-                       cwd=ROOT, check=True)
+    build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools")
     logs_root = tempfile.mkdtemp(prefix="kv-fault-tests-")
 
     def on_signal(signum, _frame):
@@ -497,13 +530,7 @@ def main():
     print(f"{'fault':<22} {'description':<44} {'requests':>8} {'expected':>9} {'held':>6} "
           f"{'over':>5} {'under':>6} {'converge_s':>10}")
     for name, r in rows:
-        desc = FAULTS[name][2]
-        if r is None:
-            print(f"{name:<22} {desc:<44} {'ERROR':>8}")
-            continue
-        conv = f"{r['converge']:.2f}" + ("" if r["settled"] else " (deadline)")
-        print(f"{name:<22} {desc:<44} {r['requests']:>8} {r['expected']:>9} {r['held']:>6} "
-              f"{r['over']:>5} {r['under']:>6} {conv:>10}")
+        print(result_row(name, r))
     print(f"\nlogs: {logs_root}")
     print(f"bridge exits: {bridge_exits} in {len(runs)} runs")
     print("over-claims: " + ("NONE" if not any(r and r["over"] for _, r in rows) else "FOUND"))

@@ -41,7 +41,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_tests import BIN, ROOT, rss_mib  # noqa: E402  (the scripts' shared helpers)
+from fault_tests import BIN, build, rss_mib  # noqa: E402  (the scripts' shared helpers)
 
 
 class Sampler:
@@ -184,8 +184,7 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     args = ap.parse_args()
 
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer"], cwd=ROOT, check=True)
+    build(args, "sgl-kv-indexer")
     server = subprocess.Popen(pinned(0, [f"{BIN}/kv-indexer-server", "--listen-addr", f"127.0.0.1:{args.port}",
                                          "--apply-listen-addr", f"127.0.0.1:{args.port + 1}",
                                          "--metrics-addr", f"127.0.0.1:{args.port + 2}",

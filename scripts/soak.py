@@ -19,7 +19,6 @@ more than --max-growth above the first quarter's.
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fault_tests  # noqa: E402  (the fleet, the traffic and the comparison)
-from fault_tests import ROOT, Fleet, Traffic, rss_mib, run_main, settle, stop_all  # noqa: E402
+from fault_tests import Fleet, Traffic, add_fleet_args, build, rss_mib, run_main, settle, stop_all  # noqa: E402
 
 
 def gauges(metrics_url):
@@ -42,26 +41,13 @@ def gauges(metrics_url):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=5.0)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--base-port", type=int, default=47800)
     ap.add_argument("--sample-s", type=float, default=20.0)
     ap.add_argument("--max-growth", type=float, default=0.10, help="allowed server RSS growth, first to last quarter")
-    ap.add_argument("--docs", type=int, default=64, help="shared documents (prefixes)")
-    ap.add_argument("--doc-tokens", type=int, default=512)
-    ap.add_argument("--suffix-tokens", type=int, default=64)
-    ap.add_argument("--capacity-tokens", type=int, default=8192, help="each worker's device cache")
-    ap.add_argument("--host-capacity-tokens", type=int, default=16384, help="each worker's host tier")
-    ap.add_argument("--stable-s", type=float, default=4.0)
-    ap.add_argument("--deadline-s", type=float, default=60.0)
-    ap.add_argument("--poll-s", type=float, default=0.5)
-    ap.add_argument("--down-s", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--no-build", action="store_true")
+    add_fleet_args(ap, workers=4, base_port=47800, docs=64, capacity_tokens=8192, host_capacity_tokens=16384,
+                   stable_s=4.0, deadline_s=60.0, poll_s=0.5, seed=11)
     args = ap.parse_args()
 
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim"],
-                       cwd=ROOT, check=True)
+    build(args, "sgl-kv-indexer", "kv-indexer-sim")
     logs = tempfile.mkdtemp(prefix="kv-soak-")
     metrics_port = args.base_port + 1
     metrics_url = f"http://{fault_tests.HOST}:{metrics_port}/metrics"

@@ -202,21 +202,15 @@ fn check_properties(input: &[Action], groups: &[Vec<Action>]) -> Result<(), Stri
             }
             parent = parent.and(piece.hashes.last().copied());
         }
-        let concat =
-            |f: fn(&Action) -> Vec<i64>| mine.iter().flat_map(|p| f(p)).collect::<Vec<i64>>();
-        if concat(|p| p.hashes.clone()) != action.hashes
-            || concat(|p| p.component_masks.iter().map(|m| i64::from(*m)).collect())
-                != action
-                    .component_masks
-                    .iter()
-                    .map(|m| i64::from(*m))
-                    .collect::<Vec<_>>()
-            || concat(|p| p.block_sizes.iter().map(|s| i64::from(*s)).collect())
-                != action
-                    .block_sizes
-                    .iter()
-                    .map(|s| i64::from(*s))
-                    .collect::<Vec<_>>()
+        // Each of the three arrays, widened to i64, concatenates back to the action's.
+        let arrays: [fn(&Action) -> Vec<i64>; 3] = [
+            |p| p.hashes.clone(),
+            |p| p.component_masks.iter().map(|m| i64::from(*m)).collect(),
+            |p| p.block_sizes.iter().map(|s| i64::from(*s)).collect(),
+        ];
+        if arrays
+            .iter()
+            .any(|f| mine.iter().flat_map(|p| f(p)).collect::<Vec<i64>>() != f(action))
         {
             return Err(format!("action {a}: pieces do not concatenate back"));
         }

@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{Mp, arr, batch, ints, map, s, stored_arr, stored_map};
-use kv_events::{BlockStored, DecodedBatch, Event, SkipReason, decode_batch};
+use common::{Mp, arr, batch, ints, map, plain_stored, s, stored_arr, stored_map};
+use kv_events::{DecodedBatch, Event, SkipReason, decode_batch};
 use kv_index::Tier;
 
 /// What a payload must decode to: its events and skip reasons, or the batch error's label.
@@ -41,18 +41,13 @@ fn ok(events: Vec<Event>) -> Want {
 
 /// The event `stored_map` / `stored_arr` describe.
 fn stored(hashes: &[i64], parent: Option<i64>, tier: Tier) -> Event {
-    Event::BlockStored(BlockStored {
-        block_hashes: hashes.to_vec(),
-        parent_block_hash: parent,
-        block_size: 2,
-        tier,
-        component_mask: None,
-        lora_id: None,
-        cache_salt: None,
-        session_id: None,
-        lora_name: None,
-        n_token_ids: 4,
-    })
+    plain_stored(hashes, parent, tier, 2, 4)
+}
+
+/// Of `events` only the good store of hash 2 decodes; the rest are skipped, for `skipped`.
+fn check_kept_2(name: &str, events: Vec<Mp>, skipped: Vec<SkipReason>) {
+    let kept = vec![stored(&[2], None, Tier::Hbm)];
+    check(name, &batch(events).encode(), Want::Batch(kept, skipped));
 }
 
 fn removed(hashes: &[i64], tier: Tier) -> Event {
@@ -337,20 +332,9 @@ fn ignores_unknown_map_keys() {
 
 #[test]
 fn treats_missing_and_nil_trailing_elements_as_absent() {
-    let legacy = |hashes: &[i64], tier| {
-        Event::BlockStored(BlockStored {
-            block_hashes: hashes.to_vec(),
-            parent_block_hash: None,
-            block_size: 0,
-            tier,
-            component_mask: None,
-            lora_id: None,
-            cache_salt: None,
-            session_id: None,
-            lora_name: None,
-            n_token_ids: 0,
-        })
-    };
+    // Without token_ids and block_size the store has neither.
+    let legacy = |hashes: &[i64], tier| plain_stored(hashes, None, tier, 0, 0);
+    let missing_medium = || Want::Batch(vec![], vec![SkipReason::MissingMedium]);
     let nils = vec![
         s("BlockStored"),
         ints(&[1]),
@@ -361,68 +345,68 @@ fn treats_missing_and_nil_trailing_elements_as_absent() {
         s("GPU"),
         Mp::Nil,
     ];
-    check(
-        "array era, every optional nil",
-        &one_arr(nils),
-        ok(vec![legacy(&[1], Tier::Hbm)]),
-    );
-    check(
-        "map era, only the required keys",
-        &one_map(vec![
-            ("type", s("BlockStored")),
-            ("block_hashes", ints(&[1])),
-            ("medium", s("DISK")),
-        ]),
-        ok(vec![legacy(&[1], Tier::Ssd)]),
-    );
-    check(
-        "map era, optional keys nil",
-        &one_map(vec![
-            ("type", s("BlockStored")),
-            ("block_hashes", ints(&[1])),
-            ("medium", s("GPU")),
-            ("cache_salt", Mp::Nil),
-            ("session_id", Mp::Nil),
-            ("lora_name", Mp::Nil),
-            ("component_types", Mp::Nil),
-        ]),
-        ok(vec![legacy(&[1], Tier::Hbm)]),
-    );
     let mut short = stored_arr(ints(&[1]), Mp::Nil, "GPU");
     short.truncate(6);
-    check(
-        "array era, store without medium",
-        &one_arr(short),
-        Want::Batch(vec![], vec![SkipReason::MissingMedium]),
-    );
-    check(
-        "array era, store with hashes only",
-        &one_arr(vec![s("BlockStored"), ints(&[1])]),
-        Want::Batch(vec![], vec![SkipReason::MissingMedium]),
-    );
-    check(
-        "array era, remove without medium",
-        &one_arr(vec![s("BlockRemoved"), ints(&[1])]),
-        Want::Batch(vec![], vec![SkipReason::MissingMedium]),
-    );
-    check(
-        "array era, tag only",
-        &one_arr(vec![s("BlockStored")]),
-        Want::Batch(
-            vec![],
-            vec![SkipReason::Malformed("event has no block_hashes")],
+    let required = vec![("type", s("BlockStored")), ("block_hashes", ints(&[1]))];
+    let optional_nils = [
+        ("cache_salt", Mp::Nil),
+        ("session_id", Mp::Nil),
+        ("lora_name", Mp::Nil),
+        ("component_types", Mp::Nil),
+    ];
+    let cases: Vec<(&str, Vec<u8>, Want)> = vec![
+        (
+            "array era, every optional nil",
+            one_arr(nils),
+            ok(vec![legacy(&[1], Tier::Hbm)]),
         ),
-    );
-    check(
-        "array era, clear alone",
-        &one_arr(vec![s("AllBlocksCleared")]),
-        ok(vec![Event::AllBlocksCleared]),
-    );
-    check(
-        "empty hash list is an event",
-        &one_map(stored_map(ints(&[]), Mp::Nil, "GPU")),
-        ok(vec![stored(&[], None, Tier::Hbm)]),
-    );
+        (
+            "map era, only the required keys",
+            one_map(with(required.clone(), "medium", s("DISK"))),
+            ok(vec![legacy(&[1], Tier::Ssd)]),
+        ),
+        (
+            "map era, optional keys nil",
+            one_map([with(required, "medium", s("GPU")), optional_nils.to_vec()].concat()),
+            ok(vec![legacy(&[1], Tier::Hbm)]),
+        ),
+        (
+            "array era, store without medium",
+            one_arr(short),
+            missing_medium(),
+        ),
+        (
+            "array era, store with hashes only",
+            one_arr(vec![s("BlockStored"), ints(&[1])]),
+            missing_medium(),
+        ),
+        (
+            "array era, remove without medium",
+            one_arr(vec![s("BlockRemoved"), ints(&[1])]),
+            missing_medium(),
+        ),
+        (
+            "array era, tag only",
+            one_arr(vec![s("BlockStored")]),
+            Want::Batch(
+                vec![],
+                vec![SkipReason::Malformed("event has no block_hashes")],
+            ),
+        ),
+        (
+            "array era, clear alone",
+            one_arr(vec![s("AllBlocksCleared")]),
+            ok(vec![Event::AllBlocksCleared]),
+        ),
+        (
+            "empty hash list is an event",
+            one_map(stored_map(ints(&[]), Mp::Nil, "GPU")),
+            ok(vec![stored(&[], None, Tier::Hbm)]),
+        ),
+    ];
+    for (name, payload, want) in cases {
+        check(name, &payload, want);
+    }
 }
 
 #[test]
@@ -544,19 +528,16 @@ fn maps_media_to_tiers_and_skips_the_rest() {
             ("block_hashes", ints(&[6])),
         ]),
     ];
-    check(
+    check_kept_2(
         "missing, nil and non-string media",
-        &batch(events).encode(),
-        Want::Batch(
-            vec![stored(&[2], None, Tier::Hbm)],
-            vec![
-                SkipReason::MissingMedium,
-                SkipReason::MissingMedium,
-                SkipReason::Malformed("medium is not a string"),
-                SkipReason::Malformed("medium is not a string"),
-                SkipReason::MissingMedium,
-            ],
-        ),
+        events,
+        vec![
+            SkipReason::MissingMedium,
+            SkipReason::MissingMedium,
+            SkipReason::Malformed("medium is not a string"),
+            SkipReason::Malformed("medium is not a string"),
+            SkipReason::MissingMedium,
+        ],
     );
 }
 
@@ -572,17 +553,14 @@ fn skips_unknown_event_types() {
         map(stored_map(ints(&[2]), Mp::Nil, "GPU")),
         Mp::Arr(vec![s("")]),
     ];
-    check(
+    check_kept_2(
         "unknown types around a good event",
-        &batch(events).encode(),
-        Want::Batch(
-            vec![stored(&[2], None, Tier::Hbm)],
-            vec![
-                SkipReason::UnknownEventType("BlockPinned".into()),
-                SkipReason::UnknownEventType("KvCacheResized".into()),
-                SkipReason::UnknownEventType(String::new()),
-            ],
-        ),
+        events,
+        vec![
+            SkipReason::UnknownEventType("BlockPinned".into()),
+            SkipReason::UnknownEventType("KvCacheResized".into()),
+            SkipReason::UnknownEventType(String::new()),
+        ],
     );
 }
 

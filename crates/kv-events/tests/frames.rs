@@ -6,12 +6,18 @@ use kv_events::{parse_live, parse_replay, replay_request};
 const SEQ_7: [u8; 8] = [0, 0, 0, 0, 0, 0, 0, 7];
 const END: [u8; 8] = [0xff; 8];
 
-fn check_live(name: &str, frames: &[&[u8]], want: Result<LiveMessage<'_>, FrameError>) {
-    assert_eq!(parse_live(frames), want, "{name}");
+type Case<'a, T> = (&'a str, &'a [&'a [u8]], Result<T, FrameError>);
+
+fn check_live(cases: &[Case<'_, LiveMessage<'_>>]) {
+    for (name, frames, want) in cases {
+        assert_eq!(&parse_live(frames), want, "{name}");
+    }
 }
 
-fn check_replay(name: &str, frames: &[&[u8]], want: Result<ReplayFrame<'_>, FrameError>) {
-    assert_eq!(parse_replay(frames), want, "{name}");
+fn check_replay(cases: &[Case<'_, ReplayFrame<'_>>]) {
+    for (name, frames, want) in cases {
+        assert_eq!(&parse_replay(frames), want, "{name}");
+    }
 }
 
 #[test]
@@ -23,57 +29,59 @@ fn parses_live_messages() {
             payload,
         })
     };
-    check_live(
-        "three frames",
-        &[b"kv-events", &SEQ_7, b"\x93"],
-        live(Some(&b"kv-events"[..]), 7, &b"\x93"[..]),
-    );
-    check_live(
-        "empty topic",
-        &[b"", &SEQ_7, b"p"],
-        live(Some(&b""[..]), 7, &b"p"[..]),
-    );
-    check_live("two frames", &[&SEQ_7, b"p"], live(None, 7, &b"p"[..]));
-    check_live(
-        "big-endian seq",
-        &[b"t", &[1, 2, 3, 4, 5, 6, 7, 8], b""],
-        live(Some(&b"t"[..]), 0x0102_0304_0506_0708, &b""[..]),
-    );
-    check_live(
-        "largest seq",
-        &[b"t", &END, b"p"],
-        live(Some(&b"t"[..]), u64::MAX, &b"p"[..]),
-    );
-    check_live(
-        "no frames",
-        &[],
-        Err(FrameError::LiveFrameCount { found: 0 }),
-    );
-    check_live(
-        "one frame",
-        &[b"p"],
-        Err(FrameError::LiveFrameCount { found: 1 }),
-    );
-    check_live(
-        "four frames",
-        &[b"", b"t", &SEQ_7, b"p"],
-        Err(FrameError::LiveFrameCount { found: 4 }),
-    );
-    check_live(
-        "seq of 4 bytes",
-        &[b"t", &[0, 0, 0, 7], b"p"],
-        Err(FrameError::SeqLength { len: 4 }),
-    );
-    check_live(
-        "seq of 9 bytes",
-        &[b"t", &[0; 9], b"p"],
-        Err(FrameError::SeqLength { len: 9 }),
-    );
-    check_live(
-        "empty seq, two frames",
-        &[b"", b"p"],
-        Err(FrameError::SeqLength { len: 0 }),
-    );
+    check_live(&[
+        (
+            "three frames",
+            &[b"kv-events", &SEQ_7, b"\x93"],
+            live(Some(&b"kv-events"[..]), 7, &b"\x93"[..]),
+        ),
+        (
+            "empty topic",
+            &[b"", &SEQ_7, b"p"],
+            live(Some(&b""[..]), 7, &b"p"[..]),
+        ),
+        ("two frames", &[&SEQ_7, b"p"], live(None, 7, &b"p"[..])),
+        (
+            "big-endian seq",
+            &[b"t", &[1, 2, 3, 4, 5, 6, 7, 8], b""],
+            live(Some(&b"t"[..]), 0x0102_0304_0506_0708, &b""[..]),
+        ),
+        (
+            "largest seq",
+            &[b"t", &END, b"p"],
+            live(Some(&b"t"[..]), u64::MAX, &b"p"[..]),
+        ),
+        (
+            "no frames",
+            &[],
+            Err(FrameError::LiveFrameCount { found: 0 }),
+        ),
+        (
+            "one frame",
+            &[b"p"],
+            Err(FrameError::LiveFrameCount { found: 1 }),
+        ),
+        (
+            "four frames",
+            &[b"", b"t", &SEQ_7, b"p"],
+            Err(FrameError::LiveFrameCount { found: 4 }),
+        ),
+        (
+            "seq of 4 bytes",
+            &[b"t", &[0, 0, 0, 7], b"p"],
+            Err(FrameError::SeqLength { len: 4 }),
+        ),
+        (
+            "seq of 9 bytes",
+            &[b"t", &[0; 9], b"p"],
+            Err(FrameError::SeqLength { len: 9 }),
+        ),
+        (
+            "empty seq, two frames",
+            &[b"", b"p"],
+            Err(FrameError::SeqLength { len: 0 }),
+        ),
+    ]);
 }
 
 #[test]
@@ -85,51 +93,53 @@ fn parses_replay_replies_and_the_end_marker() {
             payload,
         })
     };
-    check_replay(
-        "a batch",
-        &[b"", b"kv-events", &SEQ_7, b"\x93"],
-        batch(&b"kv-events"[..], 7, &b"\x93"[..]),
-    );
-    check_replay(
-        "a batch with empty topic",
-        &[b"", b"", &SEQ_7, b"p"],
-        batch(&b""[..], 7, &b"p"[..]),
-    );
-    check_replay(
-        "the end marker",
-        &[b"", b"", &END, b""],
-        Ok(ReplayFrame::End),
-    );
-    check_replay(
-        "an end marker with a topic",
-        &[b"", b"kv-events", &END, b""],
-        Ok(ReplayFrame::End),
-    );
-    check_replay(
-        "an end marker with a payload",
-        &[b"", b"", &END, b"xy"],
-        Err(FrameError::EndMarkerPayload { len: 2 }),
-    );
-    check_replay(
-        "no delimiter",
-        &[b"kv-events", &SEQ_7, b"p"],
-        Err(FrameError::ReplayFrameCount { found: 3 }),
-    );
-    check_replay(
-        "a non-empty delimiter",
-        &[b"x", b"t", &SEQ_7, b"p"],
-        Err(FrameError::MissingDelimiter),
-    );
-    check_replay(
-        "five frames",
-        &[b"", b"", b"t", &SEQ_7, b"p"],
-        Err(FrameError::ReplayFrameCount { found: 5 }),
-    );
-    check_replay(
-        "short seq",
-        &[b"", b"t", &[7], b"p"],
-        Err(FrameError::SeqLength { len: 1 }),
-    );
+    check_replay(&[
+        (
+            "a batch",
+            &[b"", b"kv-events", &SEQ_7, b"\x93"],
+            batch(&b"kv-events"[..], 7, &b"\x93"[..]),
+        ),
+        (
+            "a batch with empty topic",
+            &[b"", b"", &SEQ_7, b"p"],
+            batch(&b""[..], 7, &b"p"[..]),
+        ),
+        (
+            "the end marker",
+            &[b"", b"", &END, b""],
+            Ok(ReplayFrame::End),
+        ),
+        (
+            "an end marker with a topic",
+            &[b"", b"kv-events", &END, b""],
+            Ok(ReplayFrame::End),
+        ),
+        (
+            "an end marker with a payload",
+            &[b"", b"", &END, b"xy"],
+            Err(FrameError::EndMarkerPayload { len: 2 }),
+        ),
+        (
+            "no delimiter",
+            &[b"kv-events", &SEQ_7, b"p"],
+            Err(FrameError::ReplayFrameCount { found: 3 }),
+        ),
+        (
+            "a non-empty delimiter",
+            &[b"x", b"t", &SEQ_7, b"p"],
+            Err(FrameError::MissingDelimiter),
+        ),
+        (
+            "five frames",
+            &[b"", b"", b"t", &SEQ_7, b"p"],
+            Err(FrameError::ReplayFrameCount { found: 5 }),
+        ),
+        (
+            "short seq",
+            &[b"", b"t", &[7], b"p"],
+            Err(FrameError::SeqLength { len: 1 }),
+        ),
+    ]);
     assert_eq!(REPLAY_END_SEQ, u64::MAX);
 }
 

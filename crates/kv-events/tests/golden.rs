@@ -9,6 +9,7 @@ use kv_events::{
     replay_request, split,
 };
 use kv_index::{ActionKind, MAX_ACTIONS_PER_APPLY, MAX_HASHES_PER_REQUEST, Tier};
+use serde::Deserialize;
 use serde_json::Value;
 
 fn tier(medium: &str) -> Tier {
@@ -21,12 +22,7 @@ fn tier(medium: &str) -> Tier {
 }
 
 fn i64s(value: &Value) -> Vec<i64> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect()
+    Vec::<i64>::deserialize(value).unwrap()
 }
 
 fn opt_i64(expected: &Value, key: &str) -> Option<i64> {

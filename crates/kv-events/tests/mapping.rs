@@ -1,23 +1,15 @@
 //! The bridge contract's mapping rules, one table row each.
 
-use kv_events::{Action, BlockStored, Event, map_events};
+mod common;
+
+use common::plain_stored;
+use kv_events::{Action, Event, map_events};
 use kv_index::{ActionKind, Tier};
 
 const ALL: &[Tier] = &[Tier::Hbm, Tier::Dram, Tier::Ssd];
 
 fn store(hashes: &[i64], parent: Option<i64>, tier: Tier) -> Event {
-    Event::BlockStored(BlockStored {
-        block_hashes: hashes.to_vec(),
-        parent_block_hash: parent,
-        block_size: 16,
-        tier,
-        component_mask: None,
-        lora_id: None,
-        cache_salt: None,
-        session_id: None,
-        lora_name: None,
-        n_token_ids: hashes.len() * 16,
-    })
+    plain_stored(hashes, parent, tier, 16, hashes.len() * 16)
 }
 
 /// A store with component data and its own block size.
@@ -74,12 +66,7 @@ fn check(name: &str, events: Vec<Event>, clear_tiers: &[Tier], want: Vec<Action>
 fn merges_consecutive_events_of_one_kind_and_tier() {
     use Tier::*;
     check("no events", vec![], ALL, vec![]);
-    check(
-        "one store",
-        vec![store(&[1, 2], None, Hbm)],
-        ALL,
-        vec![report(Hbm, &[1, 2], None)],
-    );
+    // One store alone: "a root store has no hint" below.
     check(
         "stores to one tier merge",
         vec![

@@ -352,6 +352,14 @@ struct Row {
     build_time: Duration,
 }
 
+impl Row {
+    /// The first three columns of both tables: which run a row is.
+    fn key(&self) -> String {
+        let hints = if self.hints { "on" } else { "off" };
+        format!("{:>7} {:>5} {:>5}", self.workers, self.split, hints)
+    }
+}
+
 fn per_second(count: usize, time: Duration) -> f64 {
     count as f64 / time.as_secs_f64()
 }
@@ -599,10 +607,8 @@ fn main() {
     println!("{units}");
     for r in &rows {
         println!(
-            "{:>7} {:>5} {:>5} {:>8} {:>11} {:>10} {:>9.2} {:>8.1} {:>8.1} {:>8.1} {:>10.1} {:>9.1} {:>9.2} {:>9.2}",
-            r.workers,
-            r.split,
-            if r.hints { "on" } else { "off" },
+            "{} {:>8} {:>11} {:>10} {:>9.2} {:>8.1} {:>8.1} {:>8.1} {:>10.1} {:>9.1} {:>9.2} {:>9.2}",
+            r.key(),
             r.requests,
             r.placements,
             r.blocks,
@@ -636,10 +642,8 @@ fn main() {
     );
     for r in &rows {
         println!(
-            "{:>7} {:>5} {:>5} {:>12.1} {:>12.2} {:>14.1} {:>10.1} {:>15.1}",
-            r.workers,
-            r.split,
-            if r.hints { "on" } else { "off" },
+            "{} {:>12.1} {:>12.2} {:>14.1} {:>10.1} {:>15.1}",
+            r.key(),
             r.mean_query_pages,
             r.mean_matches,
             r.mean_ns_per_block_read,

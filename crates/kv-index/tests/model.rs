@@ -14,6 +14,7 @@
 
 #[path = "model/reference.rs"]
 mod reference;
+mod requests;
 
 use kv_index::{
     ActionRequest, ApplyRequest, CacheSpec, Index, MAX_ACTIONS_PER_APPLY, MAX_HASHES_PER_REQUEST,
@@ -23,6 +24,8 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, RngAlgorithm};
 use reference::Model;
+// `action` names this file's strategy.
+use requests::action as act;
 
 const FULL: u32 = 1;
 const SWA: u32 = 2;
@@ -820,17 +823,6 @@ proptest! {
 }
 
 // ----- sanity checks of the model itself ---------------------------------------------------------
-
-fn act(action_type: i32, tier: i32, hashes: &[i64], masks: &[u32], sizes: &[u32]) -> ActionRequest {
-    ActionRequest {
-        action_type,
-        tier,
-        hashes: hashes.to_vec(),
-        component_masks: masks.to_vec(),
-        block_sizes: sizes.to_vec(),
-        parent_block_hash: None,
-    }
-}
 
 fn req(worker: &str, spec: Option<CacheSpec>, actions: Vec<ActionRequest>) -> ApplyRequest {
     ApplyRequest {

@@ -5,6 +5,8 @@
 //! Every test is a small table run through a helper of its area. Expected answers are written
 //! out literally from the contract; none is computed by calling the index.
 
+mod requests;
+
 use kv_index::{
     ActionKind, ActionRequest, ApplyRequest, CacheSpec, ErrorClass, Index, IndexStats, NodeMatch,
     PrefixAnswer, PrefixMatch, Tier, TierHashes, ValidationError, validate_lookup, validate_prefix,
@@ -35,23 +37,7 @@ const DRAM_BIT: u32 = 4;
 const SSD_BIT: u32 = 8;
 
 use ErrorClass::{InvalidArgument, ResourceExhausted};
-
-fn action(
-    action_type: i32,
-    tier: i32,
-    hashes: &[i64],
-    masks: &[u32],
-    sizes: &[u32],
-) -> ActionRequest {
-    ActionRequest {
-        action_type,
-        tier,
-        hashes: hashes.to_vec(),
-        component_masks: masks.to_vec(),
-        block_sizes: sizes.to_vec(),
-        parent_block_hash: None,
-    }
-}
+use requests::action;
 
 /// A legacy REPORT: no masks, no sizes.
 fn report(tier: i32, hashes: &[i64]) -> ActionRequest {
@@ -196,6 +182,11 @@ fn assert_prefix(index: &Index, query: &[i64], max_blocks: u32, expected: Prefix
 }
 
 /// Builds an index from the batches, runs one prefix query and compares the whole answer.
+/// Nothing matches: no worker, best 0, and block 0 is always read.
+fn check_no_match(batches: &[ApplyRequest], query: &[i64]) {
+    check_prefix(batches, query, 0, expect(&[], 0, 1));
+}
+
 fn check_prefix(batches: &[ApplyRequest], query: &[i64], max_blocks: u32, expected: PrefixAnswer) {
     let index = build(batches);
     assert_eq!(
@@ -1043,20 +1034,21 @@ fn revoke_of_an_absent_placement_changes_nothing() {
 
 #[test]
 fn clear_at_one_tier_leaves_the_other_tiers_and_workers() {
+    let cleared = vec![
+        legacy(
+            "w",
+            vec![
+                report(HBM, &[1, 2]),
+                report(DRAM, &[2, 3]),
+                report(SSD, &[4]),
+            ],
+        ),
+        legacy("v", vec![report(HBM, &[1])]),
+        legacy("w", vec![clear(HBM)]),
+    ];
     check_kv(vec![
         (
-            vec![
-                legacy(
-                    "w",
-                    vec![
-                        report(HBM, &[1, 2]),
-                        report(DRAM, &[2, 3]),
-                        report(SSD, &[4]),
-                    ],
-                ),
-                legacy("v", vec![report(HBM, &[1])]),
-                legacy("w", vec![clear(HBM)]),
-            ],
+            cleared.clone(),
             &[1, 2, 3, 4],
             vec![
                 node("v", &[(Tier::Hbm, &[1], &[0], &[0])]),
@@ -1079,19 +1071,7 @@ fn clear_at_one_tier_leaves_the_other_tiers_and_workers() {
             vec![node("w", &[(Tier::Dram, &[1], &[0], &[0])])],
         ),
     ]);
-    let index = build(&[
-        legacy(
-            "w",
-            vec![
-                report(HBM, &[1, 2]),
-                report(DRAM, &[2, 3]),
-                report(SSD, &[4]),
-            ],
-        ),
-        legacy("v", vec![report(HBM, &[1])]),
-        legacy("w", vec![clear(HBM)]),
-    ]);
-    assert_eq!(index.stats(), stats(4, 4, 2));
+    assert_eq!(build(&cleared).stats(), stats(4, 4, 2));
 }
 
 #[test]
@@ -1152,7 +1132,7 @@ fn redelivered_and_reordered_batches_apply_again_in_arrival_order() {
         0,
         expect(&[("w", 2)], 2, 2),
     );
-    check_prefix(&[with_spec, without], &[1, 2], 0, expect(&[], 0, 1));
+    check_no_match(&[with_spec, without], &[1, 2]);
 }
 
 #[test]
@@ -1390,9 +1370,11 @@ fn prefix_queries_and_plain_lookups_never_count_hits() {
 // MatchExternalKvPrefix: legacy workers
 // ---------------------------------------------------------------------------------------------
 
+/// Legacy workers (no cache spec), one table with the rows grouped by rule.
 #[test]
-fn legacy_prefix_is_the_leading_run_held_at_any_tier_including_ssd() {
+fn legacy_prefix_is_the_leading_run_and_fails_closed_on_a_mask_it_considers() {
     check_legacy(&[
+        // The leading run held at any tier, SSD included.
         ("h", 0, 1, 1),
         ("hhh", 0, 3, 3),
         ("hds", 0, 3, 3),
@@ -1400,55 +1382,33 @@ fn legacy_prefix_is_the_leading_run_held_at_any_tier_including_ssd() {
         ("dsh.", 0, 3, 4),
         ("hh.h", 0, 2, 3),
         ("h.hh", 0, 1, 2),
-    ]);
-}
-
-#[test]
-fn legacy_worker_fails_closed_on_a_nonzero_mask() {
-    check_legacy(&[
+        // A nonzero mask fails closed.
         ("m", 0, 0, 1),
         ("mhh", 0, 0, 1),
         ("hmh", 0, 0, 2),
         ("hhm", 0, 0, 3),
         ("hhM", 0, 0, 3),
-    ]);
-}
-
-#[test]
-fn legacy_worker_fails_closed_past_its_first_gap() {
-    check_legacy(&[
+        // So does one past the first gap.
         ("hh.m", 0, 0, 4),
         ("h.M", 0, 0, 3),
         ("h..hm", 0, 0, 5),
         ("hh.hm.h", 0, 0, 5),
+        // A nonzero mask beyond the blocks considered (max_blocks) is ignored.
+        ("hm", 1, 1, 1),
+        ("hhhm", 3, 3, 3),
+        ("hh.hm", 4, 2, 4),
     ]);
 }
 
 #[test]
-fn legacy_nonzero_mask_beyond_the_considered_blocks_is_ignored() {
-    check_legacy(&[("hm", 1, 1, 1), ("hhhm", 3, 3, 3), ("hh.hm", 4, 2, 4)]);
-}
-
-#[test]
 fn legacy_worker_with_nonzero_mask_elsewhere_scans_to_n() {
-    check_prefix(
-        &[legacy(
-            "w",
-            vec![report(HBM, &[1, 2, 4]), report_masks(DRAM, &[99], &[F])],
-        )],
-        &[1, 2, 3, 4, 5],
-        0,
-        expect(&[("w", 2)], 2, 5),
-    );
-    check_prefix(
-        &[legacy(
-            "w",
-            vec![report(HBM, &[1, 2, 4]), report_masks(DRAM, &[99], &[F])],
-        )],
-        &[1, 2, 3, 4, 5],
-        4,
-        expect(&[("w", 2)], 2, 4),
-    );
+    let masked_elsewhere = [legacy(
+        "w",
+        vec![report(HBM, &[1, 2, 4]), report_masks(DRAM, &[99], &[F])],
+    )];
+    let query = [1, 2, 3, 4, 5];
+    check_prefix(&masked_elsewhere, &query, 0, expect(&[("w", 2)], 2, 5));
+    check_prefix(&masked_elsewhere, &query, 4, expect(&[("w", 2)], 2, 4));
 }
 
 #[test]
@@ -1468,52 +1428,30 @@ fn legacy_fail_closed_looks_only_at_its_own_placements() {
 // MatchExternalKvPrefix: cache specs and component rules
 // ---------------------------------------------------------------------------------------------
 
+fn with_version(version: u32, base: CacheSpec) -> CacheSpec {
+    CacheSpec { version, ..base }
+}
+
 const THREE_FULL_BLOCKS: &[(u32, u32)] = &[(F | S | M, 16), (F | S | M, 16), (F | S | M, 16)];
 
 #[test]
 fn spec_without_components_matches_nothing() {
+    let without_components = |base| CacheSpec {
+        components: 0,
+        ..base
+    };
     check_runs(&[
-        (
-            CacheSpec {
-                components: 0,
-                ..spec(F)
-            },
-            THREE_FULL_BLOCKS,
-            0,
-            0,
-            1,
-        ),
-        (
-            CacheSpec {
-                components: 0,
-                ..swa(F, 16)
-            },
-            THREE_FULL_BLOCKS,
-            0,
-            0,
-            1,
-        ),
+        (without_components(spec(F)), THREE_FULL_BLOCKS, 0, 0, 1),
+        (without_components(swa(F, 16)), THREE_FULL_BLOCKS, 0, 0, 1),
     ]);
 }
 
 #[test]
 fn spec_with_version_above_1_matches_nothing() {
     check_runs(&[
+        (with_version(2, spec(F)), THREE_FULL_BLOCKS, 0, 0, 1),
         (
-            CacheSpec {
-                version: 2,
-                ..spec(F)
-            },
-            THREE_FULL_BLOCKS,
-            0,
-            0,
-            1,
-        ),
-        (
-            CacheSpec {
-                version: u32::MAX,
-                ..spec(F | M)
-            },
+            with_version(u32::MAX, spec(F | M)),
             THREE_FULL_BLOCKS,
             0,
             0,
@@ -1534,16 +1472,7 @@ fn swa_spec_with_zero_window_matches_nothing() {
 #[test]
 fn spec_versions_0_and_1_are_accepted() {
     check_runs(&[
-        (
-            CacheSpec {
-                version: 0,
-                ..spec(F)
-            },
-            THREE_FULL_BLOCKS,
-            0,
-            3,
-            3,
-        ),
+        (with_version(0, spec(F)), THREE_FULL_BLOCKS, 0, 3, 3),
         (spec(F), THREE_FULL_BLOCKS, 0, 3, 3),
         (swa(F | S, 16), THREE_FULL_BLOCKS, 0, 3, 3),
         // A zero window only matters when SWA is configured.
@@ -1635,47 +1564,24 @@ fn tier_masks_apply_per_component() {
 
 #[test]
 fn swa_boundary_needs_an_unbroken_head_or_a_run_covering_the_window() {
+    let swa32 = swa(F | S, 32);
     check_runs(&[
         // Unbroken head: every block is a boundary.
-        (
-            swa(F | S, 32),
-            &[(F | S, 16), (F | S, 16), (F | S, 16)],
-            0,
-            3,
-            3,
-        ),
+        (swa32, &[(F | S, 16), (F | S, 16), (F | S, 16)], 0, 3, 3),
         // Broken head: the run must reach the window again.
+        (swa32, &[(F | S, 16), (F, 16), (F | S, 16)], 0, 1, 3),
         (
-            swa(F | S, 32),
-            &[(F | S, 16), (F, 16), (F | S, 16)],
-            0,
-            1,
-            3,
-        ),
-        (
-            swa(F | S, 32),
+            swa32,
             &[(F | S, 16), (F, 16), (F | S, 16), (F | S, 16), (F | S, 16)],
             0,
             5,
             5,
         ),
-        (
-            swa(F | S, 32),
-            &[(F | S, 40), (F, 16), (F | S, 40)],
-            0,
-            3,
-            3,
-        ),
-        (swa(F | S, 32), &[(F, 16), (F | S, 32), (F, 16)], 0, 2, 3),
-        (swa(F | S, 32), &[(F, 8), (F | S, 16), (F | S, 16)], 0, 3, 3),
+        (swa32, &[(F | S, 40), (F, 16), (F | S, 40)], 0, 3, 3),
+        (swa32, &[(F, 16), (F | S, 32), (F, 16)], 0, 2, 3),
+        (swa32, &[(F, 8), (F | S, 16), (F | S, 16)], 0, 3, 3),
         // Tokens of a block without SWA never count towards the run.
-        (
-            swa(F | S, 32),
-            &[(F | S, 16), (F, 100), (F | S, 16)],
-            0,
-            1,
-            3,
-        ),
+        (swa32, &[(F | S, 16), (F, 100), (F | S, 16)], 0, 1, 3),
         // A run that never reaches the window: no boundary, but the scan goes on.
         (
             swa(F | S, 1_000),
@@ -1689,23 +1595,18 @@ fn swa_boundary_needs_an_unbroken_head_or_a_run_covering_the_window() {
 
 #[test]
 fn swa_run_with_unknown_token_counts_counts_zero_tokens() {
+    let swa32 = swa(F | S, 32);
     check_runs(&[
+        (swa32, &[(F | S, 0), (F | S, 0), (F | S, 0)], 0, 3, 3),
         (
-            swa(F | S, 32),
-            &[(F | S, 0), (F | S, 0), (F | S, 0)],
-            0,
-            3,
-            3,
-        ),
-        (
-            swa(F | S, 32),
+            swa32,
             &[(F | S, 0), (F, 0), (F | S, 0), (F | S, 0)],
             0,
             1,
             4,
         ),
         (
-            swa(F | S, 32),
+            swa32,
             &[(F, 0), (F | S, 16), (F | S, 0), (F | S, 16)],
             0,
             4,
@@ -1789,13 +1690,8 @@ fn workers_with_an_empty_address_are_left_out() {
         0,
         expect(&[("w", 1)], 1, 2),
     );
-    check_prefix(
-        &[batch("e", "", None, vec![report(HBM, &[1, 2])])],
-        &[1, 2],
-        0,
-        expect(&[], 0, 1),
-    );
-    check_prefix(
+    check_no_match(&[batch("e", "", None, vec![report(HBM, &[1, 2])])], &[1, 2]);
+    check_no_match(
         &[batch(
             "e",
             "",
@@ -1803,8 +1699,6 @@ fn workers_with_an_empty_address_are_left_out() {
             vec![report_masks(HBM, &[1, 2], &[F, F])],
         )],
         &[1, 2],
-        0,
-        expect(&[], 0, 1),
     );
 }
 
@@ -1849,13 +1743,11 @@ fn best_prefix_blocks_is_the_longest_prefix_or_zero() {
         0,
         expect(&[("a", 3), ("b", 1)], 3, 4),
     );
-    check_prefix(
+    check_no_match(
         &[legacy("a", vec![report_masks(HBM, &[1, 2], &[F, F])])],
         &[1, 2],
-        0,
-        expect(&[], 0, 1),
     );
-    check_prefix(&[], &[1, 2], 0, expect(&[], 0, 1));
+    check_no_match(&[], &[1, 2]);
 }
 
 #[test]
@@ -1865,21 +1757,10 @@ fn max_blocks_caps_the_considered_blocks() {
     check_prefix(&five, &seq(5), 10, expect(&[("w", 5)], 5, 5));
     check_prefix(&five, &seq(5), 3, expect(&[("w", 3)], 3, 3));
     check_prefix(&five, &seq(5), 1, expect(&[("w", 1)], 1, 1));
+    let swa32 = swa(F | S, 32);
     check_runs(&[
-        (
-            swa(F | S, 32),
-            &[(F, 16), (F | S, 16), (F | S, 16)],
-            2,
-            0,
-            2,
-        ),
-        (
-            swa(F | S, 32),
-            &[(F, 16), (F | S, 16), (F | S, 16)],
-            0,
-            3,
-            3,
-        ),
+        (swa32, &[(F, 16), (F | S, 16), (F | S, 16)], 2, 0, 2),
+        (swa32, &[(F, 16), (F | S, 16), (F | S, 16)], 0, 3, 3),
         (spec(F), &[(F, 16), (F, 16), (0, 16)], 2, 2, 2),
     ]);
 }
@@ -1887,14 +1768,12 @@ fn max_blocks_caps_the_considered_blocks() {
 #[test]
 fn first_block_miss_returns_nothing_with_one_block_read() {
     let held = [legacy("w", vec![report(HBM, &[1, 2])])];
-    check_prefix(&[], &[1], 0, expect(&[], 0, 1));
-    check_prefix(&held, &[9, 1, 2], 0, expect(&[], 0, 1));
+    check_no_match(&[], &[1]);
+    check_no_match(&held, &[9, 1, 2]);
     check_prefix(&held, &[9, 1, 2], 2, expect(&[], 0, 1));
-    check_prefix(
+    check_no_match(
         &[legacy("w", vec![report(HBM, &[1, 2]), revoke(HBM, &[1])])],
         &[1, 2],
-        0,
-        expect(&[], 0, 1),
     );
 }
 
@@ -1957,13 +1836,8 @@ fn blocks_read_stops_when_every_candidate_is_settled() {
         expect(&[], 0, 4),
     );
     // Empty address and invalid spec: settled before the scan (block 0 is always read).
-    check_prefix(
-        &[batch("e", "", None, vec![report(HBM, &seq(5))])],
-        &seq(5),
-        0,
-        expect(&[], 0, 1),
-    );
-    check_prefix(
+    check_no_match(&[batch("e", "", None, vec![report(HBM, &seq(5))])], &seq(5));
+    check_no_match(
         &[aware(
             "i",
             CacheSpec {
@@ -1973,8 +1847,6 @@ fn blocks_read_stops_when_every_candidate_is_settled() {
             vec![report_masks(HBM, &seq(5), &[F; 5])],
         )],
         &seq(5),
-        0,
-        expect(&[], 0, 1),
     );
     // The scan goes on while any candidate is unsettled.
     check_prefix(

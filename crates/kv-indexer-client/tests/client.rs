@@ -49,6 +49,30 @@ fn matched(worker: &str, blocks: u32) -> PrefixMatch {
     }
 }
 
+/// The outcome of an answered query.
+fn answer(
+    matches: Vec<PrefixMatch>,
+    best_prefix_blocks: u32,
+    query_blocks: usize,
+    blocks_read: u32,
+) -> PrefixOutcome {
+    PrefixOutcome::Matched {
+        matches,
+        best_prefix_blocks,
+        query_blocks,
+        blocks_read,
+    }
+}
+
+/// A server that admits one prefix query at a time.
+async fn one_permit_server() -> TestIndexer {
+    TestIndexer::with_config(Config {
+        prefix_query_max_inflight: 1,
+        ..Config::default()
+    })
+    .await
+}
+
 #[tokio::test]
 async fn matches_after_an_apply() {
     let server = TestIndexer::start().await;
@@ -57,12 +81,7 @@ async fn matches_after_an_apply() {
     let client = client(vec![endpoint(&server)], |_| {});
     assert_eq!(
         client.longest_prefix(&[1, 2, 3, 4]).await,
-        PrefixOutcome::Matched {
-            matches: vec![matched("a", 3), matched("b", 2)],
-            best_prefix_blocks: 3,
-            query_blocks: 4,
-            blocks_read: 4,
-        }
+        answer(vec![matched("a", 3), matched("b", 2)], 3, 4, 4)
     );
     assert_eq!(client.queries_in_flight(), 0);
 }
@@ -104,12 +123,7 @@ async fn fails_over_to_the_next_replica_when_the_first_is_unreachable() {
     for _ in 0..3 {
         assert_eq!(
             client.longest_prefix(&[1, 2, 3]).await,
-            PrefixOutcome::Matched {
-                matches: vec![matched("a", 2)],
-                best_prefix_blocks: 2,
-                query_blocks: 3,
-                blocks_read: 3,
-            }
+            answer(vec![matched("a", 2)], 2, 3, 3)
         );
     }
 }
@@ -136,15 +150,7 @@ async fn dials_unix_sockets() {
     let outcome = client.longest_prefix(&[1, 2]).await;
     relay.abort();
     let _ = std::fs::remove_file(&path);
-    assert_eq!(
-        outcome,
-        PrefixOutcome::Matched {
-            matches: vec![matched("a", 2)],
-            best_prefix_blocks: 2,
-            query_blocks: 2,
-            blocks_read: 2,
-        }
-    );
+    assert_eq!(outcome, answer(vec![matched("a", 2)], 2, 2, 2));
 }
 
 fn socket_path(test: &str) -> PathBuf {
@@ -192,11 +198,7 @@ impl Saturation {
 
 #[tokio::test]
 async fn reports_a_saturated_server_as_overloaded() {
-    let server = TestIndexer::with_config(Config {
-        prefix_query_max_inflight: 1,
-        ..Config::default()
-    })
-    .await;
+    let server = one_permit_server().await;
     let saturation = Saturation::start(&server).await;
     let client = client(vec![endpoint(&server)], |_| {});
     let outcome = client.longest_prefix(&[0, 1]).await;
@@ -207,11 +209,7 @@ async fn reports_a_saturated_server_as_overloaded() {
 
 #[tokio::test]
 async fn fails_over_when_the_first_replica_is_overloaded() {
-    let busy = TestIndexer::with_config(Config {
-        prefix_query_max_inflight: 1,
-        ..Config::default()
-    })
-    .await;
+    let busy = one_permit_server().await;
     let spare = TestIndexer::start().await;
     report(&spare, "b", HBM, &[0, 1]).await;
     let saturation = Saturation::start(&busy).await;
@@ -219,15 +217,7 @@ async fn fails_over_when_the_first_replica_is_overloaded() {
     // While the busy replica is full, only the spare (worker b) can answer.
     let outcome = client.longest_prefix(&[0, 1]).await;
     saturation.finish().await;
-    assert_eq!(
-        outcome,
-        PrefixOutcome::Matched {
-            matches: vec![matched("b", 2)],
-            best_prefix_blocks: 2,
-            query_blocks: 2,
-            blocks_read: 2,
-        }
-    );
+    assert_eq!(outcome, answer(vec![matched("b", 2)], 2, 2, 2));
 }
 
 #[tokio::test]

@@ -46,6 +46,23 @@ async fn call(app: &Router, method: &str, path: &str, body: Option<Value>) -> (S
     (status, bytes)
 }
 
+/// Starts a streamed `/generate` of `input_ids`.
+async fn generate_stream(
+    app: &Router,
+    input_ids: Vec<u64>,
+    max_new_tokens: u32,
+) -> axum::response::Response {
+    let body = json!({
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens},
+        "stream": true,
+    });
+    let request = Request::post("/generate")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    app.clone().oneshot(request).await.unwrap()
+}
+
 async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
     let (status, bytes) = call(app, "POST", path, Some(body)).await;
     let value = serde_json::from_slice(&bytes)
@@ -145,13 +162,7 @@ async fn text_and_token_prompts_share_the_cache() {
 async fn generate_streams_cumulative_chunks_then_done() {
     let worker = worker(config()).await;
     let app = worker.router();
-    let request = Request::post("/generate")
-        .body(Body::from(
-            json!({"input_ids": ids(0..6), "sampling_params": {"max_new_tokens": 3}, "stream": true})
-                .to_string(),
-        ))
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
+    let response = generate_stream(&app, ids(0..6), 3).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
         response.headers()[header::CONTENT_TYPE],
@@ -331,13 +342,7 @@ async fn flush_cache_is_refused_while_a_request_runs() {
     };
     let worker = worker(config).await;
     let app = worker.router();
-    let request = Request::post("/generate")
-        .body(Body::from(
-            json!({"input_ids": ids(0..8), "sampling_params": {"max_new_tokens": 2}, "stream": true})
-                .to_string(),
-        ))
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
+    let response = generate_stream(&app, ids(0..8), 2).await;
     let mut stream = response.into_body().into_data_stream();
     // The first token comes at once (the second one an hour later).
     let first = stream.next().await.unwrap().unwrap();

@@ -62,14 +62,22 @@ async fn subscriber(endpoint: &str) -> SubSocket {
     sub
 }
 
+/// The frames of the message `recv` gives, which must come within 20 s.
+async fn frames_within_20_s<E: std::fmt::Debug>(
+    what: &str,
+    recv: impl std::future::Future<Output = Result<ZmqMessage, E>>,
+) -> Vec<Bytes> {
+    tokio::time::timeout(Duration::from_secs(20), recv)
+        .await
+        .unwrap_or_else(|_| panic!("{what} within 20 s"))
+        .unwrap()
+        .into_vec()
+}
+
 /// `(topic, seq, payload)` of the next live message that is not a late probe.
 async fn next(sub: &mut SubSocket) -> (Vec<u8>, u64, Vec<u8>) {
     loop {
-        let message = tokio::time::timeout(Duration::from_secs(20), sub.recv())
-            .await
-            .expect("a live message within 20 s")
-            .unwrap();
-        let frames = message.into_vec();
+        let frames = frames_within_20_s("a live message", sub.recv()).await;
         let live = parse_live(&frames).unwrap();
         if hashes(live.payload) != [-1] {
             return (
@@ -116,11 +124,7 @@ async fn send(dealer: &mut DealerSocket, frames: Vec<Vec<u8>>) {
 async fn replies(dealer: &mut DealerSocket) -> Vec<(u64, Vec<u8>, Vec<u8>)> {
     let mut batches = Vec::new();
     loop {
-        let message = tokio::time::timeout(Duration::from_secs(20), dealer.recv())
-            .await
-            .expect("a replay reply within 20 s")
-            .unwrap();
-        let frames = message.into_vec();
+        let frames = frames_within_20_s("a replay reply", dealer.recv()).await;
         match parse_replay(&frames).unwrap() {
             ReplayFrame::End => return batches,
             ReplayFrame::Batch {

@@ -26,12 +26,7 @@ fn simulate<'a>(events: impl IntoIterator<Item = &'a Value>) -> Held {
         other => panic!("unexpected medium {other:?}"),
     };
     let hashes = |event: &Value| -> Vec<i64> {
-        event["block_hashes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| h.as_i64().unwrap())
-            .collect()
+        serde_json::from_value(event["block_hashes"].clone()).unwrap()
     };
     let mut held = Held::new();
     for event in events {
@@ -61,6 +56,11 @@ fn all_hashes(events: &[&Value]) -> BTreeSet<i64> {
         .flatten()
         .map(|h| h.as_i64().unwrap())
         .collect()
+}
+
+/// One batch that stores `hashes` at GPU.
+fn gpu(hashes: &[i64]) -> Vec<u8> {
+    batch(vec![stored(hashes, "GPU")])
 }
 
 /// `pairs` as a view: `(tier, hashes)`.
@@ -109,6 +109,18 @@ impl Setup {
     /// Waits until the index shows exactly `expected` for the worker among `universe`.
     async fn wait_for(&self, expected: &Held, universe: &BTreeSet<i64>) {
         self.server.wait_for_held(WORKER, expected, universe).await;
+    }
+
+    /// Restarts the worker process and waits until the bridge is subscribed to the new one.
+    async fn restart_worker(&mut self) {
+        self.worker.restart().await;
+        self.worker.wait_subscribed(&self.bridge.stats).await;
+    }
+
+    /// Publishes `hashes` at GPU as batch `seq` and waits until the index holds just those.
+    async fn publish_and_wait(&mut self, seq: u64, hashes: &[i64], universe: &BTreeSet<i64>) {
+        self.worker.publish(seq, &gpu(hashes)).await;
+        self.wait_for(&held(&[(1, hashes)]), universe).await;
     }
 
     async fn stop(self) {
@@ -227,10 +239,7 @@ async fn clears_the_worker_when_the_replay_was_evicted() {
 #[tokio::test]
 async fn clears_the_worker_when_the_publisher_restarts() {
     let mut setup = Setup::plain().await;
-    let first = [
-        batch(vec![stored(&[1, 2, 3], "GPU")]),
-        batch(vec![stored(&[4, 5], "CPU_PINNED")]),
-    ];
+    let first = [gpu(&[1, 2, 3]), batch(vec![stored(&[4, 5], "CPU_PINNED")])];
     for (seq, payload) in first.iter().enumerate() {
         setup.worker.publish(seq as u64, payload).await;
     }
@@ -241,13 +250,8 @@ async fn clears_the_worker_when_the_publisher_restarts() {
 
     // The worker process restarts: a new PUB on the same port, sequence from 0 again, and
     // without the blocks it held before.
-    setup.worker.restart().await;
-    setup.worker.wait_subscribed(&setup.bridge.stats).await;
-    setup
-        .worker
-        .publish(0, &batch(vec![stored(&[7, 8], "GPU")]))
-        .await;
-    setup.wait_for(&held(&[(1, &[7, 8])]), &universe).await;
+    setup.restart_worker().await;
+    setup.publish_and_wait(0, &[7, 8], &universe).await;
     setup
         .stop_after_clears(2, "start-up, then the restart")
         .await;
@@ -260,7 +264,7 @@ async fn clears_the_worker_when_the_publisher_restarts() {
 async fn a_worker_restart_that_looks_like_a_gap_still_clears_the_worker() {
     let mut setup = Setup::with_replay().await;
     for (seq, hashes) in [(0u64, [1i64, 2]), (1, [3, 4])] {
-        let payload = batch(vec![stored(&hashes, "GPU")]);
+        let payload = gpu(&hashes);
         setup.worker.buffer().lock().push((seq, payload.clone()));
         setup.worker.publish(seq, &payload).await;
     }
@@ -271,11 +275,10 @@ async fn a_worker_restart_that_looks_like_a_gap_still_clears_the_worker() {
 
     // The new process: an empty cache, sequence from 0, already at seq 5 when it is seen.
     let new_batches: Vec<(u64, Vec<u8>)> = (0..6u64)
-        .map(|seq| (seq, batch(vec![stored(&[10 + seq as i64], "GPU")])))
+        .map(|seq| (seq, gpu(&[10 + seq as i64])))
         .collect();
     *setup.worker.buffer().lock() = new_batches[..5].to_vec();
-    setup.worker.restart().await;
-    setup.worker.wait_subscribed(&setup.bridge.stats).await;
+    setup.restart_worker().await;
     setup.worker.buffer().lock().push(new_batches[5].clone());
     setup.worker.publish(5, &new_batches[5].1).await;
     setup
@@ -290,15 +293,14 @@ async fn a_worker_restart_that_looks_like_a_gap_still_clears_the_worker() {
 #[tokio::test]
 async fn a_quiet_worker_restart_clears_the_worker() {
     let mut setup = Setup::with_replay().await;
-    let old = batch(vec![stored(&[1, 2, 3], "GPU")]);
+    let old = gpu(&[1, 2, 3]);
     setup.worker.buffer().lock().push((0, old.clone()));
     setup.worker.publish(0, &old).await;
     let universe: BTreeSet<i64> = (1..=20).collect();
     setup.wait_for(&held(&[(1, &[1, 2, 3])]), &universe).await;
 
-    *setup.worker.buffer().lock() = vec![(0, batch(vec![stored(&[7], "GPU")]))];
-    setup.worker.restart().await;
-    setup.worker.wait_subscribed(&setup.bridge.stats).await;
+    *setup.worker.buffer().lock() = vec![(0, gpu(&[7]))];
+    setup.restart_worker().await;
     setup.wait_for(&held(&[(1, &[7])]), &universe).await;
     setup.stop().await;
 }
@@ -343,12 +345,8 @@ impl HangUp {
 #[tokio::test]
 async fn keeps_following_through_a_publisher_outage_and_resyncs_when_it_is_back() {
     let mut setup = Setup::plain().await;
-    setup
-        .worker
-        .publish(0, &batch(vec![stored(&[1, 2, 3], "GPU")]))
-        .await;
     let universe: BTreeSet<i64> = (1..=9).collect();
-    setup.wait_for(&held(&[(1, &[1, 2, 3])]), &universe).await;
+    setup.publish_and_wait(0, &[1, 2, 3], &universe).await;
 
     setup.worker.go_away();
     // The worker comes back on its own address: that is the scenario, so its port is listened
@@ -372,11 +370,7 @@ async fn keeps_following_through_a_publisher_outage_and_resyncs_when_it_is_back(
     drop(hang_up.stop().await);
     setup.worker.bind().await;
     setup.worker.wait_subscribed(&stats).await;
-    setup
-        .worker
-        .publish(0, &batch(vec![stored(&[7, 8], "GPU")]))
-        .await;
-    setup.wait_for(&held(&[(1, &[7, 8])]), &universe).await;
+    setup.publish_and_wait(0, &[7, 8], &universe).await;
     assert!(Stats::get(&stats.reconnects) >= 1);
     assert!(!setup.bridge.task.is_finished());
     setup
@@ -387,12 +381,8 @@ async fn keeps_following_through_a_publisher_outage_and_resyncs_when_it_is_back(
 #[tokio::test]
 async fn delivers_every_queued_batch_in_order_after_a_server_restart() {
     let mut setup = Setup::plain().await;
-    setup
-        .worker
-        .publish(0, &batch(vec![stored(&[1], "GPU")]))
-        .await;
     let universe: BTreeSet<i64> = (1..=100).collect();
-    setup.wait_for(&held(&[(1, &[1])]), &universe).await;
+    setup.publish_and_wait(0, &[1], &universe).await;
 
     setup.server.shut_down().await;
     // While the server is down, a stream whose end state depends on its order.
@@ -418,12 +408,8 @@ async fn delivers_every_queued_batch_in_order_after_a_server_restart() {
 async fn an_overflowing_queue_is_dropped_and_the_worker_cleared_first() {
     let worker = FakeWorker::start().await;
     let mut setup = Setup::start(worker, |flags| flags.flag("--queue-batches", "4")).await;
-    setup
-        .worker
-        .publish(0, &batch(vec![stored(&[1, 2], "GPU")]))
-        .await;
     let universe: BTreeSet<i64> = (1..=40).collect();
-    setup.wait_for(&held(&[(1, &[1, 2])]), &universe).await;
+    setup.publish_and_wait(0, &[1, 2], &universe).await;
 
     setup.server.shut_down().await;
     // Batch 1 revokes block 1 and is lost in the overflow: the index must not keep claiming it.
@@ -432,10 +418,7 @@ async fn an_overflowing_queue_is_dropped_and_the_worker_cleared_first() {
         .publish(1, &batch(vec![removed(&[1], "GPU")]))
         .await;
     for seq in 2..12u64 {
-        setup
-            .worker
-            .publish(seq, &batch(vec![stored(&[seq as i64 + 10], "GPU")]))
-            .await;
+        setup.worker.publish(seq, &gpu(&[seq as i64 + 10])).await;
     }
     setup.server.restart().await;
     // What survives is what came after the last overflow: the queue held at most 4 items.
@@ -486,13 +469,7 @@ async fn skips_and_counts_malformed_frames_and_batches_and_keeps_going() {
     worker
         .send(vec![TOPIC.into(), vec![0; 8], vec![0x90], vec![1]])
         .await;
-    worker
-        .send(vec![
-            TOPIC.into(),
-            vec![0; 3],
-            batch(vec![stored(&[9], "GPU")]),
-        ])
-        .await;
+    worker.send(vec![TOPIC.into(), vec![0; 3], gpu(&[9])]).await;
     worker.publish(0, &[0xc1, 0xff, 0x00]).await;
     worker
         .publish(
@@ -505,7 +482,7 @@ async fn skips_and_counts_malformed_frames_and_batches_and_keeps_going() {
         .send(vec![
             b"kv-events-other".to_vec(),
             2u64.to_be_bytes().to_vec(),
-            batch(vec![stored(&[7], "GPU")]),
+            gpu(&[7]),
         ])
         .await;
     worker.publish(2, &batch(vec![stored(&[8], "DISK")])).await;
@@ -529,7 +506,7 @@ async fn carries_a_multi_megabyte_batch() {
     let mut setup = Setup::plain().await;
     // 300,000 u64 hashes (9 bytes each in msgpack): a 2.7 MB frame, 19 RPCs.
     let hashes: Vec<i64> = (0..300_000).map(|i| i64::MAX - i).collect();
-    let payload = batch(vec![stored(&hashes, "GPU")]);
+    let payload = gpu(&hashes);
     assert!(payload.len() > 2_000_000);
     setup.worker.publish(0, &payload).await;
     let universe: BTreeSet<i64> = hashes.iter().copied().collect();

@@ -55,8 +55,7 @@ fn apply(worker: &str, actions: Vec<pb::ExternalKvAction>) -> pb::ApplyExternalK
         seq: 1,
         actions,
         worker_address: format!("http://{worker}:30000"),
-        cache_spec: None,
-        bridge_incarnation: None,
+        ..Default::default()
     }
 }
 

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+use kv_events::{BlockStored, Event};
+use kv_index::Tier;
+
 /// A msgpack value, written with exactly the marker its variant names.
 #[derive(Debug, Clone)]
 pub enum Mp {
@@ -127,6 +130,29 @@ pub fn stored_arr(hashes: Mp, parent: Mp, medium: &str) -> Vec<Mp> {
         Mp::Nil,
         s(medium),
     ]
+}
+
+/// A `BlockStored` event with no component data, LoRA or strings: what both eras decode to and
+/// what the mapping rules take.
+pub fn plain_stored(
+    hashes: &[i64],
+    parent: Option<i64>,
+    tier: Tier,
+    block_size: u32,
+    n_token_ids: usize,
+) -> Event {
+    Event::BlockStored(BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_block_hash: parent,
+        block_size,
+        tier,
+        component_mask: None,
+        lora_id: None,
+        cache_salt: None,
+        session_id: None,
+        lora_name: None,
+        n_token_ids,
+    })
 }
 
 #[allow(unused_imports)]

@@ -110,21 +110,19 @@ fn validate_apply(req: &ApplyRequest) -> Result<(), ValidationError> {
             return Err(ValidationError::EmptyAction { action: i, kind });
         }
         let n = action.hashes.len();
-        if !action.component_masks.is_empty() && action.component_masks.len() != n {
-            return Err(ValidationError::MisalignedSideArray {
-                action: i,
-                field: "component_masks",
-                len: action.component_masks.len(),
-                hashes: n,
-            });
-        }
-        if !action.block_sizes.is_empty() && action.block_sizes.len() != n {
-            return Err(ValidationError::MisalignedSideArray {
-                action: i,
-                field: "block_sizes",
-                len: action.block_sizes.len(),
-                hashes: n,
-            });
+        let sides = [
+            ("component_masks", action.component_masks.len()),
+            ("block_sizes", action.block_sizes.len()),
+        ];
+        for (field, len) in sides {
+            if len != 0 && len != n {
+                return Err(ValidationError::MisalignedSideArray {
+                    action: i,
+                    field,
+                    len,
+                    hashes: n,
+                });
+            }
         }
     }
     Ok(())
@@ -132,15 +130,11 @@ fn validate_apply(req: &ApplyRequest) -> Result<(), ValidationError> {
 
 /// The validation rules of `MatchExternalKv` and `GetExternalKvHitCounts`.
 fn validate_lookup(hashes: &[i64]) -> Result<(), ValidationError> {
-    if hashes.is_empty() {
-        return Err(ValidationError::NoHashes);
+    match hashes.len() {
+        0 => Err(ValidationError::NoHashes),
+        count if count > MAX_HASHES => Err(ValidationError::TooManyQueryHashes { count }),
+        _ => Ok(()),
     }
-    if hashes.len() > MAX_HASHES {
-        return Err(ValidationError::TooManyQueryHashes {
-            count: hashes.len(),
-        });
-    }
-    Ok(())
 }
 
 /// The hashes without repeats, in first-occurrence order.
