@@ -389,7 +389,11 @@ impl Thread {
                 }
                 Job::Stop(reply) => {
                     self.commit(std::mem::take(&mut accepted));
-                    let _ = reply.send(self.finish());
+                    let finished = self.finish();
+                    // Unlock the state directory before answering: whoever waited for the
+                    // stop may start the next server on it at once.
+                    self.durable = None;
+                    let _ = reply.send(finished);
                     return false;
                 }
             }
