@@ -27,7 +27,6 @@ Only the Python standard library; the binaries are built with cargo (release) un
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -191,30 +190,17 @@ def routing_window(args, fleet, traffic, router_url, admin):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(CASES), help="comma-separated cases: " + ", ".join(CASES))
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--base-port", type=int, default=47600)
-    ap.add_argument("--docs", type=int, default=24)
-    ap.add_argument("--doc-tokens", type=int, default=512)
-    ap.add_argument("--suffix-tokens", type=int, default=64)
-    ap.add_argument("--capacity-tokens", type=int, default=1 << 20, help="large: nothing is evicted")
-    ap.add_argument("--host-capacity-tokens", type=int, default=1 << 20)
+    ft.add_fleet_args(ap, workers=2, base_port=47600, docs=24, capacity_tokens=1 << 20,
+                      host_capacity_tokens=1 << 20, stable_s=3.0, deadline_s=40.0, poll_s=0.2, seed=11)
     ap.add_argument("--before", type=int, default=40)
     ap.add_argument("--after", type=int, default=0)
     ap.add_argument("--during-s", type=float, default=2.5)
-    ap.add_argument("--down-s", type=float, default=1.0)
-    ap.add_argument("--stable-s", type=float, default=3.0)
-    ap.add_argument("--deadline-s", type=float, default=40.0)
-    ap.add_argument("--poll-s", type=float, default=0.2)
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--no-build", action="store_true")
     args = ap.parse_args()
     cases = [c for c in args.only.split(",") if c]
     for c in cases:
         if c not in CASES:
             ap.error(f"unknown case {c!r}")
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim",
-                        "-p", "kv-indexer-tools", "-p", "kv-indexer-router"], cwd=ft.ROOT, check=True)
+    ft.build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools", "kv-indexer-router")
     logs_root = tempfile.mkdtemp(prefix="kv-crash-tests-")
     signal.signal(signal.SIGTERM, lambda s, _f: (ft.stop_all(), sys.exit(128 + s)))
     rows, failed = [], False

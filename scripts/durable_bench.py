@@ -185,7 +185,7 @@ def main():
     ap.add_argument("--stall-placements", type=int, default=2_000_000)
     ap.add_argument("--stall-secs", type=int, default=10)
     ap.add_argument("--state-root", default=None, help="where state directories go (default: the temp dir)")
-    ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--no-build", action="store_true", help="use the binaries in target/release as they are")
     args = ap.parse_args()
     args.placements = [int(p) for p in args.placements.split(",") if p]
     if not args.no_build:

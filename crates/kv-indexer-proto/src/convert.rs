@@ -51,34 +51,27 @@ pub fn action_message(action: Action) -> pb::ExternalKvAction {
     }
 }
 
+/// The spec's six fields, the same on both sides: one mapping for both directions.
+macro_rules! spec_fields {
+    ($spec:expr => $to:path) => {{
+        let s = $spec;
+        $to {
+            version: s.version,
+            components: s.components,
+            swa_window_tokens: s.swa_window_tokens,
+            full_tier_mask: s.full_tier_mask,
+            swa_tier_mask: s.swa_tier_mask,
+            mamba_tier_mask: s.mamba_tier_mask,
+        }
+    }};
+}
+
 pub fn cache_spec_message(spec: CacheSpec) -> pb::WorkerCacheSpec {
-    pb::WorkerCacheSpec {
-        version: spec.version,
-        components: spec.components,
-        swa_window_tokens: spec.swa_window_tokens,
-        full_tier_mask: spec.full_tier_mask,
-        swa_tier_mask: spec.swa_tier_mask,
-        mamba_tier_mask: spec.mamba_tier_mask,
-    }
+    spec_fields!(spec => pb::WorkerCacheSpec)
 }
 
 fn cache_spec(spec: pb::WorkerCacheSpec) -> CacheSpec {
-    let pb::WorkerCacheSpec {
-        version,
-        components,
-        swa_window_tokens,
-        full_tier_mask,
-        swa_tier_mask,
-        mamba_tier_mask,
-    } = spec;
-    CacheSpec {
-        version,
-        components,
-        swa_window_tokens,
-        full_tier_mask,
-        swa_tier_mask,
-        mamba_tier_mask,
-    }
+    spec_fields!(spec => CacheSpec)
 }
 
 pub fn apply_request(request: pb::ApplyExternalKvBatchRequest) -> ApplyRequest {

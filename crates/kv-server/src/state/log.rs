@@ -171,17 +171,29 @@ fn corrupt(path: &Path, offset: u64, what: impl Into<String>) -> LogError {
     }
 }
 
-fn check_header(path: &Path, header: &[u8], first: u64) -> Result<(), LogError> {
-    if &header[..8] != MAGIC {
-        return Err(corrupt(path, 0, "not a log segment (bad magic)"));
+/// Checks a file's 8-byte magic and the format version after it (at most `newest`).
+pub fn check_magic_and_version(
+    path: &Path,
+    bytes: &[u8],
+    magic: &[u8; 8],
+    newest: u32,
+    what: &str,
+) -> Result<(), LogError> {
+    if bytes.len() < 12 || &bytes[..8] != magic {
+        return Err(corrupt(path, 0, format!("not a {what} (bad magic)")));
     }
-    let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
-    if version > VERSION {
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if version > newest {
         return Err(LogError::NewerVersion {
             path: path.to_path_buf(),
             version,
         });
     }
+    Ok(())
+}
+
+fn check_header(path: &Path, header: &[u8], first: u64) -> Result<(), LogError> {
+    check_magic_and_version(path, header, MAGIC, VERSION, "log segment")?;
     let stored = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes"));
     if stored != first {
         return Err(corrupt(
@@ -528,17 +540,22 @@ mod tests {
         assert!(text.contains(&format!("at byte {SECOND}")), "{text}");
     }
 
+    /// Flips the last byte of the first segment (its last record's payload).
+    fn flip_last_byte(dir: &Path) {
+        let path = segment_path(dir, 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+    }
+
     #[test]
     fn a_flipped_byte_in_the_last_record_is_a_torn_write() {
         let dir = temp_dir("flip-last");
-        let mut log = FileLog::open(&dir).unwrap();
-        log.append(&records(2, 100)).unwrap();
-        drop(log);
-        let path = segment_path(&dir, 0);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let last = bytes.len() - 1;
-        bytes[last] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
+        FileLog::open(&dir)
+            .unwrap()
+            .append(&records(2, 100))
+            .unwrap();
+        flip_last_byte(&dir);
         assert_eq!(FileLog::open(&dir).unwrap().end(), 1);
     }
 
@@ -550,11 +567,7 @@ mod tests {
         log.rotate().unwrap();
         log.append(&records(2, 10)).unwrap();
         drop(log);
-        let path = segment_path(&dir, 0);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let last = bytes.len() - 1;
-        bytes[last] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
+        flip_last_byte(&dir);
         let error = FileLog::open(&dir).unwrap().read_from(0).unwrap_err();
         assert!(matches!(error, LogError::Corrupt { .. }), "{error}");
     }

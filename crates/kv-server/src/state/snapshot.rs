@@ -78,15 +78,9 @@ pub fn read(path: &Path) -> Result<Contents, LogError> {
         offset: offset as u64,
         what: what.to_string(),
     };
-    if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC {
-        return Err(corrupt(0, "not a snapshot (bad header)"));
-    }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version > VERSION {
-        return Err(LogError::NewerVersion {
-            path: path.to_path_buf(),
-            version,
-        });
+    super::log::check_magic_and_version(path, &bytes, MAGIC, VERSION, "snapshot")?;
+    if bytes.len() < HEADER_LEN {
+        return Err(corrupt(0, "a snapshot header cut short"));
     }
     let position = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
     let len = u64::from_le_bytes(bytes[20..28].try_into().expect("8 bytes"));
