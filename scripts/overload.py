@@ -184,7 +184,7 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     args = ap.parse_args()
 
-    build(args, "sgl-kv-indexer")
+    build(args, "sgl-kv-indexer", "kv-indexer-tools")
     server = subprocess.Popen(pinned(0, [f"{BIN}/kv-indexer-server", "--listen-addr", f"127.0.0.1:{args.port}",
                                          "--apply-listen-addr", f"127.0.0.1:{args.port + 1}",
                                          "--metrics-addr", f"127.0.0.1:{args.port + 2}",
