@@ -564,7 +564,13 @@ impl Thread {
         );
         let spawned = std::thread::Builder::new()
             .name("kv-indexer-snapshot".into())
-            .spawn(move || build_snapshot(&dir, from, to));
+            .spawn(move || {
+                // The lowest priority: on a busy core, queries and applies go first.
+                if let Err(error) = thread_priority::ThreadPriority::Min.set_for_current() {
+                    warn!(?error, "cannot lower the snapshot thread's priority");
+                }
+                build_snapshot(&dir, from, to)
+            });
         match spawned {
             Ok(handle) => durable.building = Some(handle),
             Err(error) => warn!(%error, "cannot start the snapshot thread"),
