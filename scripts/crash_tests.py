@@ -18,6 +18,10 @@ Per case:
 5. routing through the restart window: requests through the router while the server is killed
    and restarted again; the router's decisions by reason (blind = the Indexer gave no signal).
 
+And `worker-gone`: a worker and its bridge killed for good, with KV_INDEXER_WORKER_TTL_S=3:
+its placements must be gone after the TTL and a sweep (0 phantom placements), the live
+worker's exact, and still gone after a restart.
+
     scripts/crash_tests.py [--only kill9-batch,sigterm] [--workers 2] [--base-port 47600]
 
 Exit status 1 when a case over-claims, under-claims where it must not, or changes the digest.
@@ -154,6 +158,47 @@ def run_case(args, name, logs_root, seed):
         ft.stop_all()
 
 
+def worker_gone(args, logs_root, seed, ttl_s=3):
+    """A worker and its bridge killed for good: its placements must go after the TTL and a
+    sweep (0 phantom placements), the other worker's stay exact, and a restart agrees."""
+    logs = os.path.join(logs_root, "worker-gone")
+    os.makedirs(logs)
+    state_dir = os.path.join(logs, "state")
+    admin = f"{ft.HOST}:{args.base_port + 1}"
+    fleet = ft.Fleet(args, logs, server_extra=["--state-dir", state_dir, "--metrics-addr", admin,
+                                               "--worker-ttl-s", str(ttl_s)])
+    traffic = ft.Traffic(args, seed)
+    try:
+        traffic.burst(fleet.urls, args.before)
+        settled = ft.settle(fleet, traffic, time.time(), args)
+        if settled["over"] or settled["under"]:
+            raise RuntimeError(f"the index did not match the workers before the fault: {settled}")
+        gone, alive = fleet.ids[-1], fleet.ids[:-1]
+        views = fleet.worker_views()
+        universe = traffic.universe | {h for v in views.values() for _, h in v}
+        phantom_at_kill = len(fleet.index_view(universe).get(gone, set()))
+        fleet.bridges[-1].kill9()
+        fleet.sims[-1].kill9()
+        killed = time.time()
+
+        def phantoms():
+            return len(fleet.index_view(universe).get(gone, set()))
+
+        ft.wait_until(lambda: phantoms() == 0, "the dead worker's placements to go", timeout=ttl_s + 30, interval=0.1)
+        purged_after = time.time() - killed
+        live_views = {w: v for w, v in views.items() if w in alive}
+        index = fleet.index_view(universe)
+        _, _, over, under, _ = ft.compare(live_views, {w: v for w, v in index.items() if w in alive})
+        fleet.server.kill9()
+        fleet.server.start()
+        wait_ready(admin)
+        phantom_after_restart = phantoms()
+        return dict(phantom_at_kill=phantom_at_kill, purged_after=purged_after, over=over, under=under,
+                    phantom_after_restart=phantom_after_restart, ttl_s=ttl_s)
+    finally:
+        ft.stop_all()
+
+
 def routing_window(args, fleet, traffic, router_url, admin):
     """Requests through the router while the server is killed and restarted: decisions by reason."""
     before = router_decisions(router_url)
@@ -189,7 +234,8 @@ def routing_window(args, fleet, traffic, router_url, admin):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default=",".join(CASES), help="comma-separated cases: " + ", ".join(CASES))
+    ap.add_argument("--only", default=",".join([*CASES, "worker-gone"]),
+                    help="comma-separated cases: " + ", ".join(CASES) + ", worker-gone")
     ft.add_fleet_args(ap, workers=2, base_port=47600, docs=24, capacity_tokens=1 << 20,
                       host_capacity_tokens=1 << 20, stable_s=3.0, deadline_s=40.0, poll_s=0.2, seed=11)
     ap.add_argument("--before", type=int, default=40)
@@ -198,12 +244,23 @@ def main():
     args = ap.parse_args()
     cases = [c for c in args.only.split(",") if c]
     for c in cases:
-        if c not in CASES:
+        if c not in CASES and c != "worker-gone":
             ap.error(f"unknown case {c!r}")
     ft.build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools", "kv-indexer-router")
     logs_root = tempfile.mkdtemp(prefix="kv-crash-tests-")
     signal.signal(signal.SIGTERM, lambda s, _f: (ft.stop_all(), sys.exit(128 + s)))
     rows, failed = [], False
+    if "worker-gone" in cases:
+        cases.remove("worker-gone")
+        try:
+            g = worker_gone(args, logs_root, args.seed)
+            print(f"worker-gone: TTL {g['ttl_s']} s; the dead worker's placements {g['phantom_at_kill']} at the kill, "
+                  f"0 after {g['purged_after']:.1f} s; {g['phantom_after_restart']} after a restart; the live worker: "
+                  f"over {g['over']}, under {g['under']}", file=sys.stderr)
+            failed |= bool(g["over"] or g["under"] or g["phantom_after_restart"] or not g["phantom_at_kill"])
+        except Exception as error:
+            print(f"  worker-gone failed: {error}", file=sys.stderr)
+            failed = True
     for k, name in enumerate(cases):
         print(f"running {name}: {CASES[name][3]} …", file=sys.stderr, flush=True)
         try:
