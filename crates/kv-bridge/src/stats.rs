@@ -95,7 +95,8 @@ impl Stats {
         } else {
             bump(&self.rpcs_failed, 1);
         }
-        metrics::counter!("kv_bridge_rpcs_total", "code" => format!("{code:?}")).increment(1);
+        metrics::counter!("kv_bridge_rpcs_total", "code" => kv_indexer_proto::code_label(code))
+            .increment(1);
     }
 
     /// Counts a failed delivery attempt; returns the total when it is time to log.

@@ -54,30 +54,7 @@ pub fn index_size(stats: IndexStats) {
     metrics::gauge!("kv_indexer_workers").set(stats.workers as f64);
 }
 
-/// A status code as a static label value (the names `{:?}` prints), so that counting a request
-/// allocates nothing.
-pub fn code_label(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "Ok",
-        Cancelled => "Cancelled",
-        Unknown => "Unknown",
-        InvalidArgument => "InvalidArgument",
-        DeadlineExceeded => "DeadlineExceeded",
-        NotFound => "NotFound",
-        AlreadyExists => "AlreadyExists",
-        PermissionDenied => "PermissionDenied",
-        ResourceExhausted => "ResourceExhausted",
-        FailedPrecondition => "FailedPrecondition",
-        Aborted => "Aborted",
-        OutOfRange => "OutOfRange",
-        Unimplemented => "Unimplemented",
-        Internal => "Internal",
-        Unavailable => "Unavailable",
-        DataLoss => "DataLoss",
-        Unauthenticated => "Unauthenticated",
-    }
-}
+pub use kv_indexer_proto::code_label;
 
 #[cfg(test)]
 mod tests {
