@@ -9,7 +9,8 @@
 //! Locking: one `parking_lot::RwLock` around the index. Applies take the write lock (one apply
 //! is atomic); queries take the read lock (one query sees one state). No async worker thread
 //! ever waits for the lock:
-//! - applies, hit-counting matches and long prefix scans run on the blocking pool;
+//! - applies and hit-counting matches are sent to the one writer thread (`state::writer`),
+//!   which logs them and applies them in log order; long prefix scans run on the blocking pool;
 //! - a short query tries the read lock inline (`try_read`, which never waits) and, when a
 //!   writer holds it or waits for it, goes to the blocking pool and waits there. parking_lot's
 //!   lock is task-fair: a waiting writer stops new readers, so a stream of queries cannot
