@@ -221,6 +221,9 @@ impl IndexerClient {
         };
         let deadline = Instant::now() + self.query_timeout;
         match tokio::time::timeout_at(deadline, self.fail_over(deadline, rpc)).await {
+            // The timer has a millisecond's grain: an answer that beat it may still be late,
+            // and a late answer is a timeout, whatever the timer says.
+            Ok(_) if Instant::now() > deadline => Err(self.spent()),
             Ok(answer) => answer,
             Err(_) => Err(self.spent()),
         }
