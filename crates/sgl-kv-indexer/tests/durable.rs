@@ -362,7 +362,7 @@ async fn an_older_bridge_incarnation_is_fenced_and_changes_nothing_even_after_a_
 async fn a_silent_worker_expires_unless_every_worker_does() {
     let dir = temp_dir("ttl");
     let mut config = config(&dir);
-    config.writer.worker_ttl = Some(Duration::from_millis(300));
+    config.writer.worker_ttl = Some(Duration::from_millis(1000));
     let mut server = Durable::start(config.clone()).await.unwrap();
     server
         .apply(apply("alive", vec![action(REPORT, HBM, &[1, 2])]))
@@ -373,7 +373,7 @@ async fn a_silent_worker_expires_unless_every_worker_does() {
         .await
         .unwrap();
     // Waiting out the TTL is the behaviour under test.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     server.apply(apply("alive", Vec::new())).await.unwrap();
     server.sweep();
     kv_testkit::wait::until("the dead worker's placements purged", || {
@@ -382,7 +382,7 @@ async fn a_silent_worker_expires_unless_every_worker_does() {
     })
     .await;
     // Now both go silent: expiring every live worker at once is refused.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     server.sweep();
     server.snapshot().await;
     assert_eq!(
