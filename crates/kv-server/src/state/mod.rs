@@ -112,13 +112,21 @@ pub fn apply_valid(
     time_ms: u64,
 ) -> IndexStats {
     index.apply(valid);
-    let entry = meta.entry(valid.worker_id().to_owned()).or_default();
+    let entry = worker_meta(meta, valid.worker_id());
     entry.last_seen_ms = entry.last_seen_ms.max(time_ms);
     entry.expired = false;
     if let Some(incarnation) = incarnation {
         entry.incarnation = entry.incarnation.max(incarnation);
     }
     index.stats()
+}
+
+/// The meta of `worker`, added on first sight (the id is copied only then).
+pub fn worker_meta<'m>(meta: &'m mut Meta, worker: &str) -> &'m mut WorkerMeta {
+    if !meta.contains_key(worker) {
+        meta.insert(worker.to_owned(), WorkerMeta::default());
+    }
+    meta.get_mut(worker).expect("inserted above")
 }
 
 /// Applies any record (replay, snapshot building, and the writer's non-apply changes).
@@ -147,7 +155,7 @@ pub fn apply_record(
         Change::Expire(workers) => {
             for worker in workers {
                 index.apply(&clear_all(worker)?);
-                meta.entry(worker.clone()).or_default().expired = true;
+                worker_meta(meta, worker).expired = true;
             }
             Ok(Applied::Expire)
         }
@@ -186,21 +194,10 @@ pub struct Recovered {
 /// Loads the newest snapshot in `dir` and replays the log after it. A torn last record is
 /// cut (with a WARN); anything else that does not check is an error naming the file.
 pub fn recover(dir: &std::path::Path) -> Result<Recovered, StateError> {
-    let (mut index, mut meta, position) = match snapshot::list(dir)?.pop() {
-        None => (Index::new(), Meta::new(), 0),
-        Some((_, path)) => {
-            let contents = snapshot::read(&path)?;
-            (snapshot::index(&contents), contents.meta, contents.position)
-        }
-    };
+    let newest = snapshot::list(dir)?.pop().map(|(_, path)| path);
     let log = FileLog::open(dir)?;
-    let mut replayed = 0;
-    if log.end() > position {
-        for (at, bytes) in log.read_from(position)? {
-            replay(&mut index, &mut meta, dir, at, &bytes)?;
-            replayed += 1;
-        }
-    } else if log.end() < position {
+    let (index, meta, position, replayed) = rebuild(dir, newest.as_deref(), None)?;
+    if log.end() < position {
         return Err(StateError::Log(LogError::Corrupt {
             path: dir.to_path_buf(),
             offset: 0,
@@ -217,6 +214,34 @@ pub fn recover(dir: &std::path::Path) -> Result<Recovered, StateError> {
         snapshot_position: position,
         replayed,
     })
+}
+
+/// The state of the snapshot file `snapshot` (none: empty, at position 0) with the log's
+/// records from its position on (before `until`, when given) replayed: what recovery and
+/// snapshot building share. Returns the state, the snapshot's position and the records
+/// replayed.
+pub fn rebuild(
+    dir: &std::path::Path,
+    snapshot: Option<&std::path::Path>,
+    until: Option<u64>,
+) -> Result<(Index, Meta, u64, u64), StateError> {
+    let (mut index, mut meta, position) = match snapshot {
+        None => (Index::new(), Meta::new(), 0),
+        Some(path) => {
+            let contents = snapshot::read(path)?;
+            (
+                Index::import(&contents.export),
+                contents.meta,
+                contents.position,
+            )
+        }
+    };
+    let mut replayed = 0;
+    for (at, bytes) in log::read_dir_from(dir, position, until)? {
+        replay(&mut index, &mut meta, dir, at, &bytes)?;
+        replayed += 1;
+    }
+    Ok((index, meta, position, replayed))
 }
 
 /// Replays the record at `position`.
@@ -319,7 +344,8 @@ pub async fn boot(
         "state recovered"
     );
     fresh_ttl(&mut meta, writer::now_ms());
-    let writer = writer::Writer::start(shared.index_cell(), Some((dir, log)), meta, writer_config)
+    let durable = writer::Durable::new(dir, log, snapshot_position, writer_config.sync);
+    let writer = writer::Writer::start(shared.index_cell(), Some(durable), meta, writer_config)
         .map_err(StateError::Thread)?;
     shared.install(Some(index), writer);
     crate::observe::index_size(stats);

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use kv_index::{CacheSpec, Export, ExportedWorker, Held, Index};
+use kv_index::{CacheSpec, Export, ExportedWorker, Held};
 
 use super::WorkerMeta;
 use super::log::{LogError, sync_dir};
@@ -244,9 +244,4 @@ fn decode_worker(r: &mut Reader<'_>) -> Option<(ExportedWorker, WorkerMeta)> {
         },
         meta,
     ))
-}
-
-/// The index a snapshot's export rebuilds.
-pub fn index(contents: &Contents) -> Index {
-    Index::import(&contents.export)
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kv_index::{Index, IndexStats, NodeMatch, ValidApply};
+use kv_index::{IndexStats, NodeMatch, ValidApply};
 use kv_indexer_proto::convert;
 use kv_indexer_proto::v1 as pb;
 use parking_lot::Mutex;
@@ -28,7 +28,9 @@ use tracing::{error, info, warn};
 use super::dir::StateDir;
 use super::log::{EventLog, FileLog};
 use super::record::{Change, Record};
-use super::{Applied, Meta, StateError, apply_record, apply_valid, fence, snapshot};
+use super::{
+    Applied, Meta, StateError, apply_record, apply_valid, fence, rebuild, snapshot, worker_meta,
+};
 use crate::error::ServerError;
 use crate::service::{AbortOnPanic, IndexCell};
 
@@ -57,14 +59,7 @@ pub struct WriterConfig {
 
 /// What the server sends the writer.
 enum Job {
-    Apply {
-        /// The record's bytes, encoded by the caller (none without a log).
-        bytes: Option<Vec<u8>>,
-        incarnation: Option<u64>,
-        time_ms: u64,
-        valid: ValidApply,
-        reply: oneshot::Sender<Result<IndexStats, ServerError>>,
-    },
+    Apply(PendingApply),
     CountHits {
         hashes: Vec<i64>,
         reply: oneshot::Sender<Result<Vec<NodeMatch>, ServerError>>,
@@ -102,13 +97,12 @@ impl Writer {
     /// its log (none: in memory), `meta` the workers' fencing and liveness state.
     pub fn start(
         index: IndexCell,
-        durable: Option<(StateDir, FileLog)>,
+        durable: Option<Durable>,
         meta: Meta,
         config: WriterConfig,
     ) -> std::io::Result<Writer> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let logged = durable.is_some();
-        let durable = durable.map(|(dir, log)| Durable::new(dir, log, config.sync));
         let thread = Thread {
             index,
             meta,
@@ -134,13 +128,13 @@ impl Writer {
         let bytes = self.logged.then(|| Record::encode_apply(time_ms, &request));
         let valid = convert::apply_request(request).validate()?;
         let (reply, answer) = oneshot::channel();
-        self.send(Job::Apply {
+        self.send(Job::Apply(PendingApply {
             bytes,
             incarnation,
             time_ms,
             valid,
             reply,
-        })
+        }))
         .await?;
         answer.await.map_err(|_| ServerError::WriterGone)?
     }
@@ -197,7 +191,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// The log, its directory and the snapshot in progress.
-struct Durable {
+pub struct Durable {
     dir: StateDir,
     log: FileLog,
     policy: SyncPolicy,
@@ -214,11 +208,8 @@ struct Built {
 }
 
 impl Durable {
-    fn new(dir: StateDir, log: FileLog, policy: SyncPolicy) -> Durable {
-        let snapshot_position = snapshot::list(dir.path())
-            .ok()
-            .and_then(|mut list| list.pop())
-            .map_or(0, |(position, _)| position);
+    /// The recovered log of `dir`, whose newest snapshot is at `snapshot_position`.
+    pub fn new(dir: StateDir, log: FileLog, snapshot_position: u64, policy: SyncPolicy) -> Durable {
         let syncer = (policy == SyncPolicy::Batch).then(|| Syncer::start(dir.path().to_path_buf()));
         Durable {
             dir,
@@ -301,15 +292,19 @@ impl Syncer {
     }
 }
 
+/// An apply on its way to the log: validated, with its record encoded by the caller.
+struct PendingApply {
+    /// The record's bytes (none without a log).
+    bytes: Option<Vec<u8>>,
+    valid: ValidApply,
+    incarnation: Option<u64>,
+    time_ms: u64,
+    reply: oneshot::Sender<Result<IndexStats, ServerError>>,
+}
+
 /// A change accepted for the log, waiting for the group's append.
 enum Accepted {
-    Apply {
-        bytes: Option<Vec<u8>>,
-        valid: ValidApply,
-        incarnation: Option<u64>,
-        time_ms: u64,
-        reply: oneshot::Sender<Result<IndexStats, ServerError>>,
-    },
+    Apply(PendingApply),
     Other {
         record: Record,
         reply: Option<oneshot::Sender<Result<Vec<NodeMatch>, ServerError>>>,
@@ -350,22 +345,9 @@ impl Thread {
         let mut accepted = Vec::new();
         for job in group {
             match job {
-                Job::Apply {
-                    bytes,
-                    incarnation,
-                    time_ms,
-                    valid,
-                    reply,
-                } => {
-                    let apply = Accepted::Apply {
-                        bytes,
-                        valid,
-                        incarnation,
-                        time_ms,
-                        reply,
-                    };
-                    if let Some(accept) = self.accept_apply(apply) {
-                        accepted.push(accept);
+                Job::Apply(apply) => {
+                    if let Some(apply) = self.accept_apply(apply) {
+                        accepted.push(Accepted::Apply(apply));
                     }
                 }
                 Job::CountHits { hashes, reply } => accepted.push(Accepted::Other {
@@ -404,19 +386,14 @@ impl Thread {
 
     /// Fences an apply; an accepted one raises the worker's incarnation at once, so that an
     /// older bridge's apply later in the same group is fenced too.
-    fn accept_apply(&mut self, apply: Accepted) -> Option<Accepted> {
-        let Accepted::Apply {
-            valid, incarnation, ..
-        } = &apply
-        else {
-            return Some(apply);
-        };
-        if let Err(error) = fence(&self.meta, valid.worker_id(), *incarnation) {
-            apply.refuse(error);
+    fn accept_apply(&mut self, apply: PendingApply) -> Option<PendingApply> {
+        let worker = apply.valid.worker_id();
+        if let Err(error) = fence(&self.meta, worker, apply.incarnation) {
+            let _ = apply.reply.send(Err(error));
             return None;
         }
-        if let Some(incarnation) = *incarnation {
-            let entry = self.meta.entry(valid.worker_id().to_owned()).or_default();
+        if let Some(incarnation) = apply.incarnation {
+            let entry = worker_meta(&mut self.meta, worker);
             entry.incarnation = entry.incarnation.max(incarnation);
         }
         Some(apply)
@@ -450,9 +427,7 @@ impl Thread {
         let mut records: Vec<Vec<u8>> = Vec::with_capacity(accepted.len());
         for change in accepted.iter_mut() {
             records.push(match change {
-                Accepted::Apply { bytes, .. } => {
-                    bytes.take().expect("a logged apply has its bytes")
-                }
+                Accepted::Apply(apply) => apply.bytes.take().expect("a logged apply has its bytes"),
                 Accepted::Other { record, .. } => record.encode(),
             });
         }
@@ -470,13 +445,13 @@ impl Thread {
         let mut index = self.index.write();
         let abort = AbortOnPanic("applying a logged change");
         match change {
-            Accepted::Apply {
+            Accepted::Apply(PendingApply {
                 valid,
                 incarnation,
                 time_ms,
                 reply,
                 ..
-            } => {
+            }) => {
                 let stats = apply_valid(&mut index, &mut self.meta, &valid, incarnation, time_ms);
                 drop(abort);
                 drop(index);
@@ -606,18 +581,15 @@ impl Thread {
             return Ok(());
         }
         let start = Instant::now();
-        let contents = snapshot::Contents {
+        let export = self.index.read().export();
+        let built = write_snapshot(
+            durable.dir.path(),
             position,
-            export: self.index.read().export(),
-            meta: self.meta.clone(),
-        };
-        let bytes = snapshot::write(durable.dir.path(), &contents)?;
+            export,
+            self.meta.clone(),
+            start,
+        )?;
         durable.rotate()?;
-        let built = Built {
-            position,
-            bytes,
-            took: start.elapsed(),
-        };
         durable.retire(&built)
     }
 }
@@ -625,8 +597,8 @@ impl Thread {
 impl Accepted {
     fn refuse(self, error: ServerError) {
         match self {
-            Accepted::Apply { reply, .. } => {
-                let _ = reply.send(Err(error));
+            Accepted::Apply(apply) => {
+                let _ = apply.reply.send(Err(error));
             }
             Accepted::Other {
                 reply: Some(reply), ..
@@ -685,34 +657,34 @@ impl Durable {
 /// Builds the snapshot at `to` from the one at `from` (or nothing) and the records between.
 fn build_snapshot(dir: &std::path::Path, from: u64, to: u64) -> Result<Built, StateError> {
     let start = Instant::now();
-    let (mut index, mut meta) = match snapshot::list(dir)?
-        .into_iter()
-        .find(|(position, _)| *position == from)
-    {
-        Some((_, path)) => {
-            let contents = snapshot::read(&path)?;
-            (snapshot::index(&contents), contents.meta)
-        }
-        None if from == 0 => (Index::new(), Meta::new()),
-        None => {
-            return Err(StateError::Log(super::log::LogError::Corrupt {
-                path: snapshot::path(dir, from),
-                offset: 0,
-                what: "the snapshot to build on is gone".into(),
-            }));
-        }
-    };
-    for (position, bytes) in super::log::read_dir_from(dir, from, Some(to))? {
-        super::replay(&mut index, &mut meta, dir, position, &bytes)?;
+    let base = snapshot::path(dir, from);
+    if from > 0 && !base.exists() {
+        return Err(StateError::Log(super::log::LogError::Corrupt {
+            path: base,
+            offset: 0,
+            what: "the snapshot to build on is gone".into(),
+        }));
     }
+    let (index, meta, _, _) = rebuild(dir, (from > 0).then_some(base.as_path()), Some(to))?;
+    write_snapshot(dir, to, index.export(), meta, start)
+}
+
+/// Writes the snapshot of `export` and `meta` at `position`; `start` is when it was begun.
+fn write_snapshot(
+    dir: &std::path::Path,
+    position: u64,
+    export: kv_index::Export,
+    meta: Meta,
+    start: Instant,
+) -> Result<Built, StateError> {
     let contents = snapshot::Contents {
-        position: to,
-        export: index.export(),
+        position,
+        export,
         meta,
     };
     let bytes = snapshot::write(dir, &contents)?;
     Ok(Built {
-        position: to,
+        position,
         bytes,
         took: start.elapsed(),
     })
