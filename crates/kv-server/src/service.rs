@@ -134,8 +134,7 @@ impl Shared {
     /// A SHA-256 of everything the index holds, in a canonical order (hex): two indexes that
     /// answer every query alike have the same digest, whatever their layout.
     pub fn digest(&self) -> String {
-        let export = self.index.read().export();
-        crate::state::digest(export)
+        crate::state::digest(self.export())
     }
 
     /// Who may connect and call: the configured TLS and tokens.
