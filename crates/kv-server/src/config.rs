@@ -10,6 +10,7 @@ use clap::Parser;
 use kv_common::Secret;
 
 use crate::access::{Access, AccessError};
+use crate::state::stream::{StreamConfig, StreamConfigError};
 use crate::state::writer::{SyncPolicy, WriterConfig};
 
 /// The KV-cache Indexer gRPC server.
@@ -88,6 +89,46 @@ pub struct Args {
     /// before it drops them.
     #[arg(long, env = "KV_INDEXER_DRAIN_TIMEOUT_S", default_value = "10")]
     pub drain_timeout_s: u64,
+
+    /// A shared log on Redis/Valkey (`redis://host:port/db`, `rediss://` for TLS): every
+    /// replica appends accepted changes to one stream and applies the whole stream in order,
+    /// so replicas converge. Unset: this server's own log (or memory).
+    #[arg(long, env = "KV_INDEXER_EVENT_LOG")]
+    pub event_log: Option<String>,
+
+    /// The stream's key; the keys beside it share the prefix.
+    #[arg(
+        long,
+        env = "KV_INDEXER_EVENT_LOG_KEY",
+        default_value = "sgl-kv-indexer:events"
+    )]
+    pub event_log_key: String,
+
+    /// Password for the shared log (replaces one in the URL).
+    #[arg(long, env = "KV_INDEXER_EVENT_LOG_PASSWORD", hide_env_values = true)]
+    pub event_log_password: Option<Secret>,
+
+    /// With a shared log: a replica further behind the stream than this answers queries
+    /// UNAVAILABLE (routers try the next endpoint) instead of answering from a stale index.
+    #[arg(long, env = "KV_INDEXER_MAX_LAG_MS", default_value = "1000")]
+    pub max_lag_ms: u64,
+}
+
+/// A setting that does not hold.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    #[error(transparent)]
+    EventLog(#[from] StreamConfigError),
+}
+
+/// The shared log's settings.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    pub stream: StreamConfig,
+    /// Staler than this, queries answer UNAVAILABLE.
+    pub max_lag: Duration,
 }
 
 /// The validated settings the service runs with. The access settings (TLS, tokens) are part
@@ -107,6 +148,8 @@ pub struct Config {
     pub snapshot_interval: Option<Duration>,
     /// Start empty (files moved aside) rather than refuse a corrupt state directory.
     pub discard_corrupt_state: bool,
+    /// A shared log (`None`: the state directory's own log, or memory).
+    pub fleet: Option<FleetConfig>,
 }
 
 /// The default of [`Config::drain_timeout`].
@@ -125,13 +168,25 @@ impl Default for Config {
             state_dir: None,
             snapshot_interval: Some(Duration::from_secs(60)),
             discard_corrupt_state: false,
+            fleet: None,
         }
     }
 }
 
 impl Config {
     /// The settings of `args`, with the certificate files and tokens they name read and checked.
-    pub fn from_args(args: &Args) -> Result<Config, AccessError> {
+    pub fn from_args(args: &Args) -> Result<Config, ConfigError> {
+        let fleet = match &args.event_log {
+            None => None,
+            Some(url) => Some(FleetConfig {
+                stream: StreamConfig::new(
+                    url,
+                    &args.event_log_key,
+                    args.event_log_password.as_ref().map(|p| p.expose()),
+                )?,
+                max_lag: Duration::from_millis(args.max_lag_ms),
+            }),
+        };
         Ok(Config {
             prefix_query_max_inflight: args.prefix_query_max_inflight.get(),
             access: Access::from_args(args)?,
@@ -144,6 +199,7 @@ impl Config {
             snapshot_interval: (args.snapshot_interval_s > 0)
                 .then(|| Duration::from_secs(args.snapshot_interval_s)),
             discard_corrupt_state: args.discard_corrupt_state,
+            fleet,
         })
     }
 }
@@ -203,6 +259,14 @@ mod tests {
     }
 
     #[test]
+    fn an_event_log_that_is_not_redis_is_refused_naming_the_setting() {
+        let args =
+            Args::try_parse_from(["kv-indexer-server", "--event-log", "localhost:6379"]).unwrap();
+        let error = Config::from_args(&args).unwrap_err().to_string();
+        assert!(error.contains("KV_INDEXER_EVENT_LOG"), "{error}");
+    }
+
+    #[test]
     fn help_names_the_environment_variables() {
         let help = <Args as clap::CommandFactory>::command()
             .render_long_help()
@@ -223,6 +287,10 @@ mod tests {
             "KV_INDEXER_WORKER_TTL_S",
             "KV_INDEXER_DISCARD_CORRUPT_STATE",
             "KV_INDEXER_READ_TOKEN",
+            "KV_INDEXER_EVENT_LOG",
+            "KV_INDEXER_EVENT_LOG_KEY",
+            "KV_INDEXER_EVENT_LOG_PASSWORD",
+            "KV_INDEXER_MAX_LAG_MS",
         ] {
             assert!(help.contains(var), "--help does not mention {var}");
         }

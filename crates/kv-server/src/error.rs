@@ -22,8 +22,18 @@ pub enum ServerError {
         incarnation: u64,
         newest: u64,
     },
-    #[error("the index is still being recovered from KV_INDEXER_STATE_DIR; retry shortly")]
+    #[error(
+        "the index is still being recovered (from KV_INDEXER_STATE_DIR or the shared log); retry shortly"
+    )]
     NotReady,
+    #[error(
+        "this replica is {lag_ms} ms behind the shared log (KV_INDEXER_MAX_LAG_MS {max_ms}); try another replica"
+    )]
+    Stale { lag_ms: u64, max_ms: u64 },
+    #[error("the shared log cannot be written; retry")]
+    EventLog(#[source] std::sync::Arc<crate::state::stream::StreamError>),
+    #[error("the shared log lost this change before it was applied (the engine lost data); retry")]
+    LogReset,
     #[error("the server is stopping")]
     WriterGone,
     #[error("the log cannot be written; changes are refused until the server restarts")]
@@ -41,9 +51,12 @@ impl ServerError {
             ServerError::DeadlineSpent { .. } => Code::DeadlineExceeded,
             ServerError::Task(_) => Code::Internal,
             ServerError::Fenced { .. } => Code::FailedPrecondition,
-            ServerError::NotReady | ServerError::WriterGone | ServerError::LogUnwritable(_) => {
-                Code::Unavailable
-            }
+            ServerError::NotReady
+            | ServerError::WriterGone
+            | ServerError::LogUnwritable(_)
+            | ServerError::Stale { .. }
+            | ServerError::EventLog(_)
+            | ServerError::LogReset => Code::Unavailable,
         }
     }
 }

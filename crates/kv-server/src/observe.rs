@@ -54,6 +54,27 @@ pub fn index_size(stats: IndexStats) {
     metrics::gauge!("kv_indexer_workers").set(stats.workers as f64);
 }
 
+/// A group of changes the shared log refused (the engine unreachable).
+pub fn event_log_append_failed() {
+    metrics::counter!("kv_indexer_event_log_append_failures_total").increment(1);
+}
+
+/// A replica that found its index no longer explained by the shared log and bootstrapped again.
+pub fn fleet_rebootstraps() {
+    metrics::counter!("kv_indexer_fleet_rebootstraps_total").increment(1);
+}
+
+/// A shared-log entry that did not decode or apply (skipped by every replica alike).
+pub fn fleet_entry_skipped() {
+    metrics::counter!("kv_indexer_fleet_entries_skipped_total").increment(1);
+}
+
+/// A replica's lag behind the shared log.
+pub fn fleet_lag(lag_ms: u64, entries: u64) {
+    metrics::gauge!("kv_indexer_fleet_lag_ms").set(lag_ms as f64);
+    metrics::gauge!("kv_indexer_fleet_lag_entries").set(entries as f64);
+}
+
 pub use kv_indexer_proto::code_label;
 
 #[cfg(test)]

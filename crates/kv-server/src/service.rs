@@ -63,6 +63,8 @@ pub struct Shared {
     prefix_scans: AtomicU64,
     access: Access,
     drain_timeout: Duration,
+    /// A fleet replica's freshness (none: a single server).
+    fleet: std::sync::OnceLock<Arc<crate::state::fleet::Freshness>>,
 }
 
 impl Shared {
@@ -79,6 +81,7 @@ impl Shared {
             shed: DoublingLog::default(),
             rejected: DoublingLog::default(),
             prefix_scans: AtomicU64::new(0),
+            fleet: std::sync::OnceLock::new(),
         }
     }
 
@@ -98,9 +101,29 @@ impl Shared {
         }
     }
 
-    /// Whether the index is loaded and changes are accepted.
+    /// Marks this server as a replica on a shared log, with its freshness.
+    pub fn install_fleet(&self, freshness: Arc<crate::state::fleet::Freshness>) {
+        let _ = self.fleet.set(freshness);
+    }
+
+    /// A replica's freshness (none: a single server).
+    pub fn freshness(&self) -> Option<&Arc<crate::state::fleet::Freshness>> {
+        self.fleet.get()
+    }
+
+    /// Whether the index is loaded (a replica: caught up once) and changes are accepted.
     pub fn is_ready(&self) -> bool {
-        self.writer.get().is_some()
+        self.writer.get().is_some() && self.fleet.get().is_none_or(|f| f.is_ready())
+    }
+
+    /// Whether queries may be answered now: ready, and a replica no further behind the
+    /// shared log than its bound.
+    pub fn check_fresh(&self) -> Result<(), ServerError> {
+        self.writer()?;
+        match self.fleet.get() {
+            Some(freshness) => freshness.check(),
+            None => Ok(()),
+        }
     }
 
     /// The writer, once ready.
@@ -117,7 +140,7 @@ impl Shared {
     /// readiness now says.
     pub async fn publish_health(&self) {
         let _serialized = self.health_update.lock().await;
-        let status = if self.is_ready() {
+        let status = if self.check_fresh().is_ok() {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
@@ -314,7 +337,7 @@ impl IndexerService {
             Some(permit) => permit,
             None => shared.admit()?,
         };
-        shared.writer()?;
+        shared.check_fresh()?;
         shared.check_deadline(deadline)?;
         let request = request.into_inner();
         validate_prefix(&request.hashes)?;
@@ -336,6 +359,7 @@ impl IndexerService {
         request: pb::MatchExternalKvRequest,
     ) -> Result<pb::MatchExternalKvResponse, ServerError> {
         let writer = self.shared.writer()?;
+        self.shared.check_fresh()?;
         validate_lookup(&request.hashes)?;
         let matches = if request.count_as_hit {
             writer.count_hits(request.hashes).await?
@@ -351,7 +375,7 @@ impl IndexerService {
         &self,
         request: pb::GetExternalKvHitCountsRequest,
     ) -> Result<pb::GetExternalKvHitCountsResponse, ServerError> {
-        self.shared.writer()?;
+        self.shared.check_fresh()?;
         let entries = self
             .shared
             .read(move |_, index| index.hit_counts(&request.hashes))

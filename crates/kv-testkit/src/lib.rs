@@ -10,12 +10,14 @@
 //! - [`bridge`]: the real bridge in this process, configured by its flags;
 //! - [`fixtures`]: the captured SGLang fixtures and their decoding helpers;
 //! - [`wait`]: readiness waits on a condition, with a deadline, instead of sleeps;
+//! - [`redis`]: a real `redis-server` on a free loopback port, for the fleet tests;
 //! - [`tokenizer`]: a tiny Hugging Face `tokenizer.json` that adds a BOS token.
 
 pub mod bridge;
 pub mod fixtures;
 pub mod indexer;
 pub mod port;
+pub mod redis;
 pub mod tokenizer;
 pub mod wait;
 pub mod worker;

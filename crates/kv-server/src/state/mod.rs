@@ -13,9 +13,11 @@
 //! - [`dir`]: the state directory and its lock.
 
 pub mod dir;
+pub mod fleet;
 pub mod log;
 pub mod record;
 pub mod snapshot;
+pub mod stream;
 pub mod writer;
 
 use std::collections::HashMap;
@@ -64,6 +66,8 @@ pub enum StateError {
     Dir(#[from] dir::DirError),
     #[error("starting a state thread")]
     Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Fleet(std::sync::Arc<stream::StreamError>),
 }
 
 impl StateError {
@@ -138,6 +142,9 @@ pub fn apply_record(
     match &record.change {
         Change::Apply(request) => {
             let incarnation = request.bridge_incarnation;
+            // Live applies were fenced before they were logged, so this passes on replay; a
+            // fleet's replicas fence here, in log order, all alike.
+            fence(meta, &request.worker_id, incarnation)?;
             let valid = convert::apply_request(request.clone()).validate()?;
             Ok(Applied::Apply(apply_valid(
                 index,
@@ -156,6 +163,18 @@ pub fn apply_record(
             for worker in workers {
                 index.apply(&clear_all(worker)?);
                 worker_meta(meta, worker).expired = true;
+            }
+            Ok(Applied::Expire)
+        }
+        Change::ExpireUnseen(workers) => {
+            for (worker, seen) in workers {
+                let unseen_since = meta
+                    .get(worker)
+                    .is_some_and(|known| !known.expired && known.last_seen_ms <= *seen);
+                if unseen_since {
+                    index.apply(&clear_all(worker)?);
+                    worker_meta(meta, worker).expired = true;
+                }
             }
             Ok(Applied::Expire)
         }
@@ -298,6 +317,43 @@ pub fn digest(export: kv_index::Export) -> String {
         .collect()
 }
 
+/// The live workers of `meta` whose TTL ran out at `now_ms`, each with the last-seen time it
+/// had, by name; none when that would be every live worker (a partition, a paused host, a
+/// clock jump?), which is counted in `trips` and logged instead.
+pub fn due_for_expiry(
+    meta: &Meta,
+    ttl: std::time::Duration,
+    now_ms: u64,
+    trips: &mut u64,
+) -> Vec<(String, u64)> {
+    let ttl_ms = ttl.as_millis() as u64;
+    let live = meta.values().filter(|meta| !meta.expired).count();
+    let mut expired: Vec<(String, u64)> = meta
+        .iter()
+        .filter(|(_, meta)| !meta.expired && now_ms.saturating_sub(meta.last_seen_ms) > ttl_ms)
+        .map(|(id, meta)| (id.clone(), meta.last_seen_ms))
+        .collect();
+    if expired.is_empty() {
+        return expired;
+    }
+    if expired.len() == live {
+        *trips += 1;
+        crate::observe::mass_expiry_refused();
+        tracing::warn!(
+            workers = live,
+            ttl_s = ttl.as_secs_f64(),
+            trips = *trips,
+            "every live worker's TTL ran out in one sweep (a partition, a paused host, a clock jump?): expiring none"
+        );
+        return Vec::new();
+    }
+    expired.sort();
+    let names: Vec<&str> = expired.iter().map(|(id, _)| id.as_str()).collect();
+    tracing::info!(workers = ?names, ttl_s = ttl.as_secs_f64(), "expiring workers with no apply within their TTL");
+    crate::observe::workers_expired(expired.len());
+    expired
+}
+
 /// Gives every known, unexpired worker a fresh TTL from `now_ms`: a restarted server neither
 /// expires every worker at once nor keeps a dead one forever.
 pub fn fresh_ttl(meta: &mut Meta, now_ms: u64) {
@@ -314,6 +370,22 @@ pub async fn boot(
     config: &crate::config::Config,
 ) -> Result<(), StateError> {
     let writer_config = config.writer.clone();
+    if let Some(fleet) = &config.fleet {
+        let dir = match &config.state_dir {
+            Some(path) => Some(dir::StateDir::lock(path)?),
+            None => None,
+        };
+        let started = fleet::start(
+            shared.index_cell(),
+            fleet,
+            dir,
+            writer_config.worker_ttl,
+            config.snapshot_interval,
+        )?;
+        shared.install_fleet(started.freshness);
+        shared.install(None, started.writer);
+        return Ok(());
+    }
     let Some(path) = config.state_dir.clone() else {
         let writer = writer::Writer::start(shared.index_cell(), None, Meta::new(), writer_config)
             .map_err(StateError::Thread)?;
@@ -395,6 +467,9 @@ pub fn spawn_maintenance(
         )
     });
     let snapshot_every = config.state_dir.as_ref().and(config.snapshot_interval);
+    if config.fleet.is_some() {
+        spawn_health_watch(shared.clone(), stop.clone());
+    }
     for (every, job) in [(sweep_every, Job::Sweep), (snapshot_every, Job::Snapshot)] {
         let Some(every) = every else { continue };
         let (shared, stop) = (shared.clone(), stop.clone());
@@ -415,6 +490,29 @@ pub fn spawn_maintenance(
             }
         });
     }
+}
+
+/// A replica's readiness and freshness change on the applier's thread: publishes health when
+/// they do (checked every 100 ms).
+fn spawn_health_watch(
+    shared: std::sync::Arc<crate::service::Shared>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+        let mut serving = None;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let now = shared.check_fresh().is_ok();
+            if serving != Some(now) {
+                serving = Some(now);
+                shared.publish_health().await;
+            }
+        }
+    });
 }
 
 #[derive(Clone, Copy)]

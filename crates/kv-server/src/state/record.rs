@@ -4,7 +4,11 @@
 //! - `1` Apply: the `ApplyExternalKvBatchRequest` as protobuf (it passed validation before it
 //!   was logged, and is validated again on replay);
 //! - `2` CountHits: the hashes of a `MatchExternalKv` with `count_as_hit`, 8 bytes each;
-//! - `3` Expire: the workers whose TTL ran out, as `[count u32][len u32, UTF-8]…`.
+//! - `3` Expire: the workers whose TTL ran out, as `[count u32][len u32, UTF-8]…`;
+//! - `4` ExpireUnseen: the same, each with the last-seen time the decision saw, as
+//!   `[count u32]([len u32, UTF-8][last_seen_ms u64])…`: a worker seen later (its apply came
+//!   first in the log) is kept. A fleet of replicas uses it, where the log orders the decision
+//!   after applies that another replica accepted meanwhile.
 //!
 //! `time_ms` is the server's wall clock when it accepted the change: replay restores each
 //! worker's last-seen time from it.
@@ -24,6 +28,7 @@ pub enum Change {
     Apply(pb::ApplyExternalKvBatchRequest),
     CountHits(Vec<i64>),
     Expire(Vec<String>),
+    ExpireUnseen(Vec<(String, u64)>),
 }
 
 /// Why a record's bytes do not decode.
@@ -44,6 +49,7 @@ pub enum RecordError {
 const APPLY: u8 = 1;
 const COUNT_HITS: u8 = 2;
 const EXPIRE: u8 = 3;
+const EXPIRE_UNSEEN: u8 = 4;
 
 impl Record {
     /// The bytes of an apply record, from the request as it came (no copy of the request).
@@ -66,6 +72,7 @@ impl Record {
             Change::Apply(_) => APPLY,
             Change::CountHits(_) => COUNT_HITS,
             Change::Expire(_) => EXPIRE,
+            Change::ExpireUnseen(_) => EXPIRE_UNSEEN,
         };
         out.push(kind);
         out.extend_from_slice(&self.time_ms.to_le_bytes());
@@ -81,6 +88,14 @@ impl Record {
                 for worker in workers {
                     out.extend_from_slice(&(worker.len() as u32).to_le_bytes());
                     out.extend_from_slice(worker.as_bytes());
+                }
+            }
+            Change::ExpireUnseen(workers) => {
+                out.extend_from_slice(&(workers.len() as u32).to_le_bytes());
+                for (worker, seen) in workers {
+                    out.extend_from_slice(&(worker.len() as u32).to_le_bytes());
+                    out.extend_from_slice(worker.as_bytes());
+                    out.extend_from_slice(&seen.to_le_bytes());
                 }
             }
         }
@@ -107,14 +122,24 @@ impl Record {
                         .collect(),
                 )
             }
-            EXPIRE => Change::Expire(decode_strings(body).ok_or(RecordError::Expire)?),
+            EXPIRE => Change::Expire(
+                decode_workers(body, false)
+                    .ok_or(RecordError::Expire)?
+                    .into_iter()
+                    .map(|(worker, _)| worker)
+                    .collect(),
+            ),
+            EXPIRE_UNSEEN => {
+                Change::ExpireUnseen(decode_workers(body, true).ok_or(RecordError::Expire)?)
+            }
             kind => return Err(RecordError::Kind(kind)),
         };
         Ok(Record { time_ms, change })
     }
 }
 
-fn decode_strings(mut body: &[u8]) -> Option<Vec<String>> {
+/// `[count u32]([len u32][UTF-8] and, `with_seen`, [u64])…`, as (worker, seen or 0).
+fn decode_workers(mut body: &[u8], with_seen: bool) -> Option<Vec<(String, u64)>> {
     let mut take = |n: usize| -> Option<&[u8]> {
         let (head, rest) = body.split_at_checked(n)?;
         body = rest;
@@ -124,7 +149,12 @@ fn decode_strings(mut body: &[u8]) -> Option<Vec<String>> {
     let mut out = Vec::new();
     for _ in 0..count {
         let len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
-        out.push(String::from_utf8(take(len)?.to_vec()).ok()?);
+        let worker = String::from_utf8(take(len)?.to_vec()).ok()?;
+        let seen = match with_seen {
+            true => u64::from_le_bytes(take(8)?.try_into().ok()?),
+            false => 0,
+        };
+        out.push((worker, seen));
     }
     body.is_empty().then_some(out)
 }
@@ -161,6 +191,10 @@ mod tests {
             "wörker".into(),
         ]));
         check(Change::Expire(Vec::new()));
+        check(Change::ExpireUnseen(vec![
+            ("a".into(), 5),
+            ("wörker".into(), u64::MAX),
+        ]));
     }
 
     #[test]
@@ -184,5 +218,12 @@ mod tests {
         .encode();
         expire.push(0);
         assert!(matches!(Record::decode(&expire), Err(RecordError::Expire)));
+        let mut unseen = Record {
+            time_ms: 0,
+            change: Change::ExpireUnseen(vec![("abc".into(), 1)]),
+        }
+        .encode();
+        unseen.pop();
+        assert!(matches!(Record::decode(&unseen), Err(RecordError::Expire)));
     }
 }

@@ -41,6 +41,13 @@ pub fn path(dir: &Path, position: u64) -> PathBuf {
 /// Writes `contents` as the snapshot at its position (tmp, sync, rename, sync the directory);
 /// returns its size in bytes.
 pub fn write(dir: &Path, contents: &Contents) -> Result<u64, LogError> {
+    let bytes = to_bytes(contents);
+    write_bytes(dir, contents.position, &bytes)?;
+    Ok(bytes.len() as u64)
+}
+
+/// The whole snapshot file of `contents`: header and payload.
+pub fn to_bytes(contents: &Contents) -> Vec<u8> {
     let payload = encode(contents);
     let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
     bytes.extend_from_slice(MAGIC);
@@ -49,7 +56,13 @@ pub fn write(dir: &Path, contents: &Contents) -> Result<u64, LogError> {
     bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
     bytes.extend_from_slice(&payload);
-    let target = path(dir, contents.position);
+    bytes
+}
+
+/// Writes the snapshot file `bytes` (of the snapshot at `position`) into `dir`: tmp, sync,
+/// rename, sync the directory.
+pub fn write_bytes(dir: &Path, position: u64, bytes: &[u8]) -> Result<(), LogError> {
+    let target = path(dir, position);
     let tmp = target.with_extension("snap.tmp");
     let io = |op: &'static str, path: &Path| {
         let path = path.to_path_buf();
@@ -58,12 +71,11 @@ pub fn write(dir: &Path, contents: &Contents) -> Result<u64, LogError> {
     {
         use std::io::Write;
         let mut file = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
-        file.write_all(&bytes).map_err(io("writing", &tmp))?;
+        file.write_all(bytes).map_err(io("writing", &tmp))?;
         file.sync_all().map_err(io("syncing", &tmp))?;
     }
     std::fs::rename(&tmp, &target).map_err(io("renaming", &tmp))?;
-    sync_dir(dir)?;
-    Ok(bytes.len() as u64)
+    sync_dir(dir)
 }
 
 /// Reads and checks the snapshot at `path`.
@@ -73,12 +85,19 @@ pub fn read(path: &Path) -> Result<Contents, LogError> {
         path: path.to_path_buf(),
         source,
     })?;
+    from_bytes(path, &bytes)
+}
+
+/// Checks and decodes a whole snapshot file's `bytes`; `origin` names where they came from in
+/// errors.
+pub fn from_bytes(origin: &Path, bytes: &[u8]) -> Result<Contents, LogError> {
+    let path = origin;
     let corrupt = |offset: usize, what: &str| LogError::Corrupt {
         path: path.to_path_buf(),
         offset: offset as u64,
         what: what.to_string(),
     };
-    super::log::check_magic_and_version(path, &bytes, MAGIC, VERSION, "snapshot")?;
+    super::log::check_magic_and_version(path, bytes, MAGIC, VERSION, "snapshot")?;
     if bytes.len() < HEADER_LEN {
         return Err(corrupt(0, "a snapshot header cut short"));
     }

@@ -58,7 +58,7 @@ pub struct WriterConfig {
 }
 
 /// What the server sends the writer.
-enum Job {
+pub(super) enum Job {
     Apply(PendingApply),
     CountHits {
         hashes: Vec<i64>,
@@ -115,6 +115,19 @@ impl Writer {
             .name("kv-indexer-writer".into())
             .spawn(move || thread.run(queue))?;
         Ok(Writer { jobs, logged })
+    }
+
+    /// A writer whose jobs `run` takes from the queue on a thread of its own (a fleet's
+    /// appender); changes are logged.
+    pub(super) fn start_with(
+        name: &str,
+        run: impl FnOnce(mpsc::Receiver<Job>) + Send + 'static,
+    ) -> std::io::Result<Writer> {
+        let (jobs, queue) = mpsc::channel(QUEUE);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || run(queue))?;
+        Ok(Writer { jobs, logged: true })
     }
 
     /// Validates, logs and applies an apply; answers once it is in the index. The record is
@@ -181,6 +194,19 @@ impl Writer {
             .await
             .map_err(|_| ServerError::WriterGone)
     }
+}
+
+/// Waits for a job and takes it with what is queued behind it (at most [`GROUP`]); none once
+/// every sender is gone.
+pub(super) fn next_group(queue: &mut mpsc::Receiver<Job>) -> Option<Vec<Job>> {
+    let mut group = vec![queue.blocking_recv()?];
+    while group.len() < GROUP {
+        match queue.try_recv() {
+            Ok(job) => group.push(job),
+            Err(_) => break,
+        }
+    }
+    Some(group)
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -293,13 +319,13 @@ impl Syncer {
 }
 
 /// An apply on its way to the log: validated, with its record encoded by the caller.
-struct PendingApply {
+pub(super) struct PendingApply {
     /// The record's bytes (none without a log).
-    bytes: Option<Vec<u8>>,
-    valid: ValidApply,
-    incarnation: Option<u64>,
-    time_ms: u64,
-    reply: oneshot::Sender<Result<IndexStats, ServerError>>,
+    pub(super) bytes: Option<Vec<u8>>,
+    pub(super) valid: ValidApply,
+    pub(super) incarnation: Option<u64>,
+    pub(super) time_ms: u64,
+    pub(super) reply: oneshot::Sender<Result<IndexStats, ServerError>>,
 }
 
 /// A change accepted for the log, waiting for the group's append.
@@ -323,14 +349,7 @@ struct Thread {
 
 impl Thread {
     fn run(mut self, mut queue: mpsc::Receiver<Job>) {
-        while let Some(first) = queue.blocking_recv() {
-            let mut group = vec![first];
-            while group.len() < GROUP {
-                match queue.try_recv() {
-                    Ok(job) => group.push(job),
-                    Err(_) => break,
-                }
-            }
+        while let Some(group) = next_group(&mut queue) {
             if !self.run_group(group) {
                 return;
             }
@@ -478,31 +497,14 @@ impl Thread {
             return;
         };
         let now = now_ms();
-        let ttl_ms = ttl.as_millis() as u64;
-        let live: Vec<(&String, &super::WorkerMeta)> =
-            self.meta.iter().filter(|(_, meta)| !meta.expired).collect();
-        let mut expired: Vec<String> = live
-            .iter()
-            .filter(|(_, meta)| now.saturating_sub(meta.last_seen_ms) > ttl_ms)
-            .map(|(id, _)| (*id).clone())
-            .collect();
+        let expired: Vec<String> =
+            super::due_for_expiry(&self.meta, ttl, now, &mut self.guard_trips)
+                .into_iter()
+                .map(|(worker, _)| worker)
+                .collect();
         if expired.is_empty() {
             return;
         }
-        if expired.len() == live.len() {
-            self.guard_trips += 1;
-            crate::observe::mass_expiry_refused();
-            warn!(
-                workers = live.len(),
-                ttl_s = ttl.as_secs_f64(),
-                trips = self.guard_trips,
-                "every live worker's TTL ran out in one sweep (a partition, a paused host, a clock jump?): expiring none"
-            );
-            return;
-        }
-        expired.sort();
-        info!(workers = ?expired, ttl_s = ttl.as_secs_f64(), "expiring workers with no apply within their TTL");
-        crate::observe::workers_expired(expired.len());
         self.commit(vec![Accepted::Other {
             record: Record {
                 time_ms: now,

@@ -81,14 +81,24 @@ async fn main() -> anyhow::Result<()> {
     Ok(result?)
 }
 
-/// `GET /state` on the admin address: readiness, sizes and the index digest, as JSON.
+/// `GET /state` on the admin address: readiness, sizes and the index digest, as JSON; a
+/// replica on a shared log adds its position, lag and whether it answers queries.
 fn state_page(shared: Arc<Shared>) -> Page {
     Page {
         path: "/state",
         render: Arc::new(move || {
             let stats = shared.index_stats();
+            let fleet = shared.freshness().map_or(String::new(), |f| {
+                format!(
+                    ",\"position\":{},\"lag_ms\":{},\"lag_entries\":{},\"fresh\":{}",
+                    f.position(),
+                    f.lag_ms(),
+                    f.behind(),
+                    shared.check_fresh().is_ok()
+                )
+            });
             format!(
-                "{{\"ready\":{},\"blocks\":{},\"placements\":{},\"workers\":{},\"digest\":\"{}\"}}\n",
+                "{{\"ready\":{},\"blocks\":{},\"placements\":{},\"workers\":{},\"digest\":\"{}\"{fleet}}}\n",
                 shared.is_ready(),
                 stats.blocks,
                 stats.placements,

@@ -1,0 +1,564 @@
+//! The shared log: one Redis/Valkey stream that every replica of a fleet appends to and reads
+//! in full, with the keys beside it (the stream's epoch, the maintenance lease, the published
+//! snapshot).
+//!
+//! Keys, for a stream key `K` (`KV_INDEXER_EVENT_LOG_KEY`):
+//! - `K`: the stream. Entries get ids `0-1`, `0-2`, … (`XADD K 0-*`: the engine picks the next
+//!   sequence number, so appends from every replica interleave into one order with no gaps).
+//!   The record at log position `p` has id `0-(p+1)`. An entry's fields: `r`, the replica that
+//!   accepted it and its own counter (`<replica>:<n>`, so that replica answers the caller once
+//!   it has applied the entry), and `d`, the record (`record::Record`'s bytes).
+//! - `K:epoch`: a random name for this stream's history, set once (`SET NX`). A stream lost
+//!   with its keys (`FLUSHALL`, a failover without persistence) comes back with another epoch,
+//!   which tells every replica that its index is no longer explained by the log.
+//! - `K:lease`: the replica that runs the fleet's maintenance (worker expiry, publishing
+//!   snapshots, trimming), with an expiry; renewed by its holder only.
+//! - `K:snapshot`: a hash describing the newest published snapshot (`position`, `epoch`,
+//!   `chunks`, `bytes`); its bytes are in `K:snapshot:<position>:<i>`, at most
+//!   [`CHUNK_BYTES`] each.
+//!
+//! Trimming (`XTRIM MINID`) removes only entries a published snapshot covers, and always keeps
+//! the newest covered entry, so the stream's last entry tells its tail.
+
+use std::time::Duration;
+
+use redis::{Commands, Connection, ConnectionLike, Value};
+
+/// A published snapshot's chunk size.
+pub const CHUNK_BYTES: usize = 4 << 20;
+/// How long the maintenance lease lasts without renewal.
+pub const LEASE: Duration = Duration::from_secs(5);
+/// Longest wait of one blocking read: the replica checks on the engine at least this often.
+pub const READ_BLOCK: Duration = Duration::from_millis(100);
+/// A reply slower than this is an engine failure (a partition), not a slow answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What went wrong talking to the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("the shared log at {url}: {op}")]
+    Engine {
+        url: String,
+        op: &'static str,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("the shared log at {url}: {what}")]
+    Unexpected { url: String, what: String },
+}
+
+/// Where the shared log is and how to reach it.
+#[derive(Clone)]
+pub struct StreamConfig {
+    client: redis::Client,
+    /// The URL without credentials, for messages.
+    url: String,
+    pub key: String,
+}
+
+impl std::fmt::Debug for StreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamConfig")
+            .field("url", &self.url)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+/// Why an event-log setting is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamConfigError {
+    #[error(
+        "KV_INDEXER_EVENT_LOG (--event-log) {0:?} must be a redis://host:port/db or rediss:// URL"
+    )]
+    Scheme(String),
+    #[error("KV_INDEXER_EVENT_LOG (--event-log) {url:?} does not parse")]
+    Url {
+        url: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("KV_INDEXER_EVENT_LOG_KEY (--event-log-key) must not be empty")]
+    EmptyKey,
+}
+
+impl StreamConfig {
+    /// The log at `url` (`redis://` or `rediss://`), under `key`; `password`, when given,
+    /// replaces the URL's.
+    pub fn new(
+        url: &str,
+        key: &str,
+        password: Option<&str>,
+    ) -> Result<StreamConfig, StreamConfigError> {
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            return Err(StreamConfigError::Scheme(redact(url)));
+        }
+        if key.is_empty() {
+            return Err(StreamConfigError::EmptyKey);
+        }
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|source| {
+            StreamConfigError::Url {
+                url: redact(url),
+                source,
+            }
+        })?;
+        let info = match password {
+            Some(password) => {
+                let settings = info.redis_settings().clone().set_password(password);
+                info.set_redis_settings(settings)
+            }
+            None => info,
+        };
+        let client = redis::Client::open(info).map_err(|source| StreamConfigError::Url {
+            url: redact(url),
+            source,
+        })?;
+        Ok(StreamConfig {
+            client,
+            url: redact(url),
+            key: key.to_owned(),
+        })
+    }
+
+    /// A new connection, with bounded connect, read and write times.
+    pub fn connect(&self) -> Result<Stream, StreamError> {
+        let connection = self
+            .client
+            .get_connection_with_timeout(IO_TIMEOUT)
+            .map_err(self.engine("connecting"))?;
+        connection
+            .set_read_timeout(Some(IO_TIMEOUT + READ_BLOCK))
+            .map_err(self.engine("setting the read timeout"))?;
+        connection
+            .set_write_timeout(Some(IO_TIMEOUT))
+            .map_err(self.engine("setting the write timeout"))?;
+        Ok(Stream {
+            connection,
+            config: self.clone(),
+        })
+    }
+
+    fn engine(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> StreamError + '_ {
+        move |source| StreamError::Engine {
+            url: self.url.clone(),
+            op,
+            source,
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// `url` with any password replaced by `***`.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// One entry read from the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub position: u64,
+    /// Who accepted it: `<replica>:<n>`.
+    pub origin: String,
+    pub record: Vec<u8>,
+}
+
+/// The newest published snapshot, as described in `K:snapshot`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub position: u64,
+    pub epoch: String,
+    pub chunks: u64,
+    pub bytes: u64,
+}
+
+/// A connection to the shared log.
+pub struct Stream {
+    connection: Connection,
+    config: StreamConfig,
+}
+
+/// The id of the entry at `position`.
+pub fn id(position: u64) -> String {
+    format!("0-{}", position + 1)
+}
+
+/// The position of the entry with `id` (`0-<n>`, n ≥ 1).
+fn position_of(id: &str) -> Option<u64> {
+    id.strip_prefix("0-")?.parse::<u64>().ok()?.checked_sub(1)
+}
+
+impl Stream {
+    fn key(&self, suffix: &str) -> String {
+        format!("{}:{suffix}", self.config.key)
+    }
+
+    fn unexpected(&self, what: impl Into<String>) -> StreamError {
+        StreamError::Unexpected {
+            url: self.config.url.clone(),
+            what: what.into(),
+        }
+    }
+
+    /// Appends `records` in order, each with its origin, in one round trip; returns their
+    /// positions.
+    pub fn append(&mut self, records: &[(String, Vec<u8>)]) -> Result<Vec<u64>, StreamError> {
+        let mut pipe = redis::pipe();
+        for (origin, record) in records {
+            pipe.cmd("XADD")
+                .arg(&self.config.key)
+                .arg("0-*")
+                .arg("r")
+                .arg(origin)
+                .arg("d")
+                .arg(record);
+        }
+        let ids: Vec<String> = pipe
+            .query(&mut self.connection)
+            .map_err(self.config.engine("appending (XADD)"))?;
+        ids.iter()
+            .map(|id| {
+                position_of(id).ok_or_else(|| {
+                    self.unexpected(format!("XADD answered id {id:?}, not 0-<n>: another writer uses the key with its own ids"))
+                })
+            })
+            .collect()
+    }
+
+    /// Up to `count` entries from `position` on, waiting up to `block` for the first.
+    pub fn read_from(
+        &mut self,
+        position: u64,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Entry>, StreamError> {
+        // XREAD answers the entries after the id given: the one before `position`.
+        let after = match position {
+            0 => "0-0".to_owned(),
+            p => id(p - 1),
+        };
+        let mut command = redis::cmd("XREAD");
+        command.arg("COUNT").arg(count);
+        if let Some(block) = block {
+            command.arg("BLOCK").arg(block.as_millis() as u64);
+        }
+        command.arg("STREAMS").arg(&self.config.key).arg(after);
+        let reply: Value = command
+            .query(&mut self.connection)
+            .map_err(self.config.engine("reading (XREAD)"))?;
+        let entries = match reply {
+            Value::Nil => return Ok(Vec::new()),
+            Value::Array(mut streams) if streams.len() == 1 => match streams.pop() {
+                Some(Value::Array(mut pair)) if pair.len() == 2 => pair.pop(),
+                _ => None,
+            },
+            Value::Map(mut streams) if streams.len() == 1 => streams.pop().map(|(_, v)| v),
+            _ => None,
+        };
+        match entries {
+            Some(Value::Array(entries)) => entries.into_iter().map(|e| self.entry(e)).collect(),
+            _ => Err(self.unexpected("XREAD answered something that is not one stream's entries")),
+        }
+    }
+
+    /// The entries from `from` up to (not including) `until`, in pages.
+    pub fn range(&mut self, from: u64, until: u64) -> Result<Vec<Entry>, StreamError> {
+        let mut out = Vec::new();
+        let mut next = from;
+        while next < until {
+            let page = self.read_from(next, 1024.min((until - next) as usize), None)?;
+            let Some(last) = page.last() else { break };
+            next = last.position + 1;
+            out.extend(page.into_iter().filter(|e| e.position < until));
+        }
+        Ok(out)
+    }
+
+    fn entry(&self, value: Value) -> Result<Entry, StreamError> {
+        let bad = || self.unexpected("a stream entry that is not [id, [field, value, …]]");
+        let Value::Array(mut pair) = value else {
+            return Err(bad());
+        };
+        if pair.len() != 2 {
+            return Err(bad());
+        }
+        let fields = pair.pop().expect("two items");
+        let id: String =
+            redis::from_redis_value(pair.pop().expect("two items")).map_err(|_| bad())?;
+        let position = position_of(&id)
+            .ok_or_else(|| self.unexpected(format!("entry id {id:?} is not 0-<n>")))?;
+        let fields: Vec<Vec<u8>> = match fields {
+            Value::Map(map) => map
+                .into_iter()
+                .flat_map(|(k, v)| [k, v])
+                .map(redis::from_redis_value)
+                .collect::<Result<_, _>>()
+                .map_err(|_| bad())?,
+            other => redis::from_redis_value(other).map_err(|_| bad())?,
+        };
+        let (mut origin, mut record) = (None, None);
+        for pair in fields.chunks_exact(2) {
+            match pair[0].as_slice() {
+                b"r" => origin = Some(String::from_utf8_lossy(&pair[1]).into_owned()),
+                b"d" => record = Some(pair[1].clone()),
+                _ => {}
+            }
+        }
+        match (origin, record) {
+            (Some(origin), Some(record)) => Ok(Entry {
+                position,
+                origin,
+                record,
+            }),
+            _ => Err(self.unexpected(format!("entry {id} has no r and d fields"))),
+        }
+    }
+
+    /// The positions of the stream's first and last entries (none: no stream or no entry).
+    pub fn bounds(&mut self) -> Result<Option<(u64, u64)>, StreamError> {
+        let first = self.edge("XRANGE", "-", "+")?;
+        let last = self.edge("XREVRANGE", "+", "-")?;
+        Ok(first.zip(last))
+    }
+
+    fn edge(&mut self, command: &str, from: &str, to: &str) -> Result<Option<u64>, StreamError> {
+        let reply: Vec<(String, Value)> = redis::cmd(command)
+            .arg(&self.config.key)
+            .arg(from)
+            .arg(to)
+            .arg("COUNT")
+            .arg(1)
+            .query(&mut self.connection)
+            .map_err(self.config.engine("reading the stream's bounds"))?;
+        match reply.first() {
+            None => Ok(None),
+            Some((id, _)) => position_of(id)
+                .map(Some)
+                .ok_or_else(|| self.unexpected(format!("entry id {id:?} is not 0-<n>"))),
+        }
+    }
+
+    /// The stream's epoch, set to `candidate` if it had none.
+    pub fn epoch(&mut self, candidate: &str) -> Result<String, StreamError> {
+        let key = self.key("epoch");
+        let _: Value = redis::cmd("SET")
+            .arg(&key)
+            .arg(candidate)
+            .arg("NX")
+            .query(&mut self.connection)
+            .map_err(self.config.engine("setting the epoch"))?;
+        let epoch: Option<String> = self
+            .connection
+            .get(&key)
+            .map_err(self.config.engine("reading the epoch"))?;
+        epoch.ok_or_else(|| self.unexpected("the epoch key vanished right after it was set"))
+    }
+
+    /// The stream's epoch as it is (none: the keys are gone).
+    pub fn current_epoch(&mut self) -> Result<Option<String>, StreamError> {
+        self.connection
+            .get(self.key("epoch"))
+            .map_err(self.config.engine("reading the epoch"))
+    }
+
+    /// Takes or renews the maintenance lease for `replica`; whether it holds it now.
+    pub fn hold_lease(&mut self, replica: &str) -> Result<bool, StreamError> {
+        let script = redis::Script::new(
+            r"
+            local holder = redis.call('GET', KEYS[1])
+            if holder == false then
+                redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+                return 1
+            elseif holder == ARGV[1] then
+                redis.call('PEXPIRE', KEYS[1], ARGV[2])
+                return 1
+            end
+            return 0",
+        );
+        let held: i64 = script
+            .key(self.key("lease"))
+            .arg(replica)
+            .arg(LEASE.as_millis() as u64)
+            .invoke(&mut self.connection)
+            .map_err(self.config.engine("taking the lease"))?;
+        Ok(held == 1)
+    }
+
+    /// The newest published snapshot's description.
+    pub fn published(&mut self) -> Result<Option<Published>, StreamError> {
+        let fields: std::collections::HashMap<String, String> = self
+            .connection
+            .hgetall(self.key("snapshot"))
+            .map_err(self.config.engine("reading the published snapshot"))?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        let number = |name: &str| fields.get(name).and_then(|v| v.parse::<u64>().ok());
+        match (
+            number("position"),
+            fields.get("epoch"),
+            number("chunks"),
+            number("bytes"),
+        ) {
+            (Some(position), Some(epoch), Some(chunks), Some(bytes)) => Ok(Some(Published {
+                position,
+                epoch: epoch.clone(),
+                chunks,
+                bytes,
+            })),
+            _ => Err(self.unexpected(format!(
+                "{} does not describe a snapshot",
+                self.key("snapshot")
+            ))),
+        }
+    }
+
+    /// The bytes of the published snapshot `published`; none when its chunks are gone (a
+    /// newer one replaced it meanwhile).
+    pub fn fetch(&mut self, published: &Published) -> Result<Option<Vec<u8>>, StreamError> {
+        let mut bytes = Vec::with_capacity(published.bytes as usize);
+        for i in 0..published.chunks {
+            let chunk: Option<Vec<u8>> = self
+                .connection
+                .get(self.key(&format!("snapshot:{}:{i}", published.position)))
+                .map_err(self.config.engine("reading a snapshot chunk"))?;
+            match chunk {
+                Some(chunk) => bytes.extend_from_slice(&chunk),
+                None => return Ok(None),
+            }
+        }
+        Ok((bytes.len() as u64 == published.bytes).then_some(bytes))
+    }
+
+    /// Publishes `bytes` as the snapshot at `position` of `epoch` if `replica` still holds the
+    /// lease, deletes the one it replaces and trims the stream below it. Whether it was
+    /// published.
+    pub fn publish(
+        &mut self,
+        replica: &str,
+        epoch: &str,
+        position: u64,
+        bytes: &[u8],
+    ) -> Result<bool, StreamError> {
+        let before = self.published()?;
+        if before.as_ref().is_some_and(|b| b.position >= position) {
+            return Ok(false);
+        }
+        let chunks: Vec<&[u8]> = bytes.chunks(CHUNK_BYTES).collect();
+        let mut pipe = redis::pipe();
+        for (i, chunk) in chunks.iter().enumerate() {
+            pipe.set(self.key(&format!("snapshot:{position}:{i}")), *chunk)
+                .ignore();
+        }
+        pipe.query::<()>(&mut self.connection)
+            .map_err(self.config.engine("writing snapshot chunks"))?;
+        let script = redis::Script::new(
+            r"
+            if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+            if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
+            redis.call('HSET', KEYS[2], 'position', ARGV[3], 'epoch', ARGV[2],
+                'chunks', ARGV[4], 'bytes', ARGV[5])
+            return 1",
+        );
+        let done: i64 = script
+            .key(self.key("lease"))
+            .key(self.key("snapshot"))
+            .key(self.key("epoch"))
+            .arg(replica)
+            .arg(epoch)
+            .arg(position)
+            .arg(chunks.len())
+            .arg(bytes.len())
+            .invoke(&mut self.connection)
+            .map_err(self.config.engine("publishing the snapshot"))?;
+        let stale = match done {
+            1 => before,
+            // Lost the lease or the epoch meanwhile: drop what was written.
+            _ => Some(Published {
+                position,
+                epoch: epoch.to_owned(),
+                chunks: chunks.len() as u64,
+                bytes: bytes.len() as u64,
+            }),
+        };
+        if let Some(stale) = stale {
+            let keys: Vec<String> = (0..stale.chunks)
+                .map(|i| self.key(&format!("snapshot:{}:{i}", stale.position)))
+                .collect();
+            if !keys.is_empty() {
+                let _: i64 = self
+                    .connection
+                    .del(keys)
+                    .map_err(self.config.engine("deleting an old snapshot"))?;
+            }
+        }
+        if done != 1 {
+            return Ok(false);
+        }
+        // Keep the newest covered entry (position - 1): the stream's tail stays readable.
+        let _: i64 = redis::cmd("XTRIM")
+            .arg(&self.config.key)
+            .arg("MINID")
+            .arg(id(position - 1))
+            .query(&mut self.connection)
+            .map_err(self.config.engine("trimming (XTRIM)"))?;
+        Ok(true)
+    }
+
+    /// Bytes the engine uses for the stream (`MEMORY USAGE`).
+    pub fn memory(&mut self) -> Result<u64, StreamError> {
+        let bytes: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&self.config.key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query(&mut self.connection)
+            .map_err(self.config.engine("MEMORY USAGE"))?;
+        Ok(bytes.unwrap_or(0))
+    }
+
+    /// Whether the connection still works (no command sent).
+    pub fn is_open(&self) -> bool {
+        self.connection.is_open()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_positions_map_one_to_one() {
+        for position in [0, 1, 41, u64::MAX - 1] {
+            assert_eq!(position_of(&id(position)), Some(position));
+        }
+        assert_eq!(position_of("0-0"), None);
+        assert_eq!(position_of("1700000000000-0"), None);
+        assert_eq!(position_of("0-x"), None);
+    }
+
+    #[test]
+    fn settings_name_the_problem() {
+        let refused = StreamConfig::new("http://localhost:6379", "k", None).unwrap_err();
+        assert!(refused.to_string().contains("KV_INDEXER_EVENT_LOG"));
+        let refused = StreamConfig::new("redis://localhost:6379", "", None).unwrap_err();
+        assert!(refused.to_string().contains("KV_INDEXER_EVENT_LOG_KEY"));
+        let refused = StreamConfig::new("redis://u:secret@[bad", "k", None).unwrap_err();
+        let text = refused.to_string();
+        assert!(
+            text.contains("does not parse") && !text.contains("secret"),
+            "{text}"
+        );
+        let config = StreamConfig::new("redis://u:secret@localhost:6379/2", "k", None).unwrap();
+        assert_eq!(config.url(), "redis://u:***@localhost:6379/2");
+    }
+}
