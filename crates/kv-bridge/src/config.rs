@@ -17,7 +17,8 @@ pub struct Args {
     /// The router-facing worker URL sent with every batch.
     #[arg(long, env = "KV_INDEXER_WORKER_ADDRESS", default_value = "")]
     pub worker_address: String,
-    /// The Indexer's gRPC endpoint.
+    /// The Indexer's gRPC endpoint; a comma-separated list is a fleet of replicas, tried in
+    /// order: a failed apply is retried on the next.
     #[arg(
         long,
         env = "KV_INDEXER_ENDPOINT",
@@ -195,7 +196,8 @@ impl From<SecurityError> for ConfigError {
 pub struct BridgeConfig {
     pub worker_id: String,
     pub worker_address: String,
-    pub endpoint: String,
+    /// The Indexer replicas, in the order they are tried (at least one).
+    pub endpoints: Vec<String>,
     pub event_endpoint: String,
     pub event_topic: String,
     pub replay_endpoint: Option<String>,
@@ -216,11 +218,20 @@ impl BridgeConfig {
         if args.worker_id.trim().is_empty() {
             return Err(ConfigError::EmptyWorkerId);
         }
-        if !(args.endpoint.starts_with("http://") || args.endpoint.starts_with("https://")) {
-            return Err(ConfigError::EndpointScheme(args.endpoint));
+        let endpoints: Vec<String> = args
+            .endpoint
+            .split(',')
+            .map(|e| e.trim().to_owned())
+            .collect();
+        for endpoint in &endpoints {
+            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                return Err(ConfigError::EndpointScheme(endpoint.clone()));
+            }
         }
         let credentials = args.security.load()?;
-        credentials.endpoint(&args.endpoint)?;
+        for endpoint in &endpoints {
+            credentials.endpoint(endpoint)?;
+        }
         check_zmq_endpoint(EVENT_ENDPOINT, &args.event_endpoint)?;
         if let Some(replay) = &args.replay_endpoint {
             check_zmq_endpoint(REPLAY_ENDPOINT, replay)?;
@@ -229,7 +240,7 @@ impl BridgeConfig {
         Ok(BridgeConfig {
             worker_id: args.worker_id,
             worker_address: args.worker_address,
-            endpoint: args.endpoint,
+            endpoints,
             event_endpoint: args.event_endpoint,
             event_topic: args.event_topic,
             replay_endpoint: args.replay_endpoint,
@@ -307,9 +318,19 @@ mod tests {
         let config = config(&["--worker-id", "w"]).unwrap();
         assert_eq!(config.cache_spec, None);
         assert_eq!(config.clear_tiers, [Tier::Hbm, Tier::Dram, Tier::Ssd]);
-        assert_eq!(config.endpoint, "http://[::1]:50051");
+        assert_eq!(config.endpoints, ["http://[::1]:50051"]);
         assert_eq!(config.queue_batches, 10_000);
         assert!(config.replay_endpoint.is_none());
+    }
+
+    #[test]
+    fn an_endpoint_list_is_a_fleet_tried_in_order_and_each_entry_is_checked() {
+        let config = config(&["--worker-id", "w", "--endpoint", "http://a:1, http://b:2"]).unwrap();
+        assert_eq!(config.endpoints, ["http://a:1", "http://b:2"]);
+        check_err(
+            &["--worker-id", "w", "--endpoint", "http://a:1,b:2"],
+            "KV_INDEXER_ENDPOINT",
+        );
     }
 
     #[test]

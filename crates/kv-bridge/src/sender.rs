@@ -74,7 +74,9 @@ fn incarnation() -> u64 {
 }
 
 pub struct Sender {
-    client: Grpc,
+    /// One client per Indexer replica; `current` is the one sent to.
+    clients: Vec<Grpc>,
+    current: usize,
     identity: Identity,
     outbox: Arc<Outbox>,
     stats: Arc<Stats>,
@@ -88,16 +90,20 @@ impl Sender {
         outbox: Arc<Outbox>,
         stats: Arc<Stats>,
     ) -> Result<Sender, BridgeError> {
-        let endpoint = config
-            .credentials
-            .endpoint(&config.endpoint)
-            .map_err(BridgeError::Endpoint)?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(CALL_DEADLINE)
-            .tcp_nodelay(true);
-        let client = config.credentials.client(endpoint.connect_lazy());
+        let mut clients = Vec::with_capacity(config.endpoints.len());
+        for dial in &config.endpoints {
+            let endpoint = config
+                .credentials
+                .endpoint(dial)
+                .map_err(BridgeError::Endpoint)?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .timeout(CALL_DEADLINE)
+                .tcp_nodelay(true);
+            clients.push(config.credentials.client(endpoint.connect_lazy()));
+        }
         Ok(Sender {
-            client,
+            clients,
+            current: 0,
             identity: Identity {
                 header: WorkerHeader {
                     worker_id: config.worker_id.clone(),
@@ -159,7 +165,7 @@ impl Sender {
     ) -> Result<bool, BridgeError> {
         let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
         loop {
-            let call = self.client.apply_external_kv_batch(request.clone());
+            let call = self.clients[self.current].apply_external_kv_batch(request.clone());
             let result = tokio::select! {
                 () = stop.cancelled() => return Ok(false),
                 result = call => result,
@@ -184,8 +190,11 @@ impl Sender {
                         });
                     }
                     let wait = backoff.next_wait();
+                    let failed = self.current;
+                    // A fleet: the next attempt goes to the next replica.
+                    self.current = (self.current + 1) % self.clients.len();
                     if let Some(total) = self.stats.retry() {
-                        warn!(total, code = ?status.code(), message = status.message(), retry_in_ms = wait.as_millis() as u64, "indexer unavailable; retrying");
+                        warn!(total, replica = failed, code = ?status.code(), message = status.message(), retry_in_ms = wait.as_millis() as u64, next_replica = self.current, "indexer unavailable; retrying");
                     }
                     tokio::select! {
                         () = stop.cancelled() => return Ok(false),

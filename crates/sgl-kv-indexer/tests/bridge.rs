@@ -405,6 +405,23 @@ async fn delivers_every_queued_batch_in_order_after_a_server_restart() {
 }
 
 #[tokio::test]
+async fn with_a_list_of_replicas_a_bridge_fails_over_to_the_next() {
+    let dead = kv_testkit::Port::reserve();
+    let server = TestIndexer::start().await;
+    let mut worker = FakeWorker::start().await;
+    // The first replica refuses every connection: batches must reach the second.
+    let endpoints = format!("{},{}", dead.url(), server.url());
+    let bridge = flags(&endpoints, &worker).start();
+    worker.wait_subscribed(&bridge.stats).await;
+    worker.publish(0, &gpu(&[5, 6])).await;
+    let universe: BTreeSet<i64> = (1..=10).collect();
+    server
+        .wait_for_held(WORKER, &held(&[(1, &[5, 6])]), &universe)
+        .await;
+    bridge.stop().await;
+}
+
+#[tokio::test]
 async fn an_overflowing_queue_is_dropped_and_the_worker_cleared_first() {
     let worker = FakeWorker::start().await;
     let mut setup = Setup::start(worker, |flags| flags.flag("--queue-batches", "4")).await;

@@ -30,7 +30,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     }
     signal::cancel_on_shutdown(&stop);
-    info!(worker_id = %config.worker_id, endpoint = %config.endpoint, "kv-indexer-bridge starting");
+    info!(worker_id = %config.worker_id, endpoints = ?config.endpoints, "kv-indexer-bridge starting");
     let result = kv_bridge::run(config, Arc::new(Stats::default()), stop.clone()).await;
     stop.cancel();
     result.context("kv-indexer-bridge stopped")
