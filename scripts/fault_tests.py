@@ -191,13 +191,23 @@ def run_main(main):
 
 
 class Fleet:
-    def __init__(self, args, logs, sim_extra=(), replay=True, server_extra=()):
+    """The Indexer (or `replicas` of it, the first on --base-port, replica k on base + 300 + k,
+    with `replica_extra(k)`'s flags), the simulated workers and a bridge each, whose
+    KV_INDEXER_ENDPOINT lists every replica."""
+
+    def __init__(self, args, logs, sim_extra=(), replay=True, server_extra=(), replicas=1,
+                 replica_extra=lambda k: []):
         self.args, self.logs = args, logs
         base = args.base_port
         self.indexer_port = base
-        self.endpoint = f"http://{HOST}:{base}"
-        self.server = Proc(logs, "server", [f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{base}",
-                                            *server_extra])
+        self.ports = [base] + [base + 300 + k for k in range(1, replicas)]
+        self.endpoints = [f"http://{HOST}:{port}" for port in self.ports]
+        self.endpoint = self.endpoints[0]
+        self.servers = [Proc(logs, "server" if k == 0 else f"server-{k}",
+                             [f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{port}",
+                              *server_extra, *replica_extra(k)])
+                        for k, port in enumerate(self.ports)]
+        self.server = self.servers[0]
         self.sims, self.bridges, self.urls, self.ids = [], [], [], []
         for i in range(args.workers):
             http_port, events, replay_port = base + 10 + i, base + 100 + i, base + 200 + i
@@ -212,7 +222,7 @@ class Fleet:
             env = dict(os.environ, KV_INDEXER_WORKER_ID=f"sim-{i}",
                        KV_INDEXER_WORKER_ADDRESS=f"http://{HOST}:{http_port}",
                        SGLANG_KV_EVENT_ENDPOINT=f"tcp://{HOST}:{events}",
-                       SGLANG_KV_EVENT_TOPIC="kv-events", KV_INDEXER_ENDPOINT=self.endpoint,
+                       SGLANG_KV_EVENT_TOPIC="kv-events", KV_INDEXER_ENDPOINT=",".join(self.endpoints),
                        RUST_LOG="info")
             env.pop("SGLANG_KV_REPLAY_ENDPOINT", None)
             if replay:
@@ -220,7 +230,8 @@ class Fleet:
             self.bridges.append(Proc(logs, f"bridge-{i}", [f"{BIN}/kv-indexer-bridge"], env))
             self.urls.append(f"http://{HOST}:{http_port}")
             self.ids.append(f"sim-{i}")
-        wait_until(lambda: tcp_open(self.indexer_port), "the server")
+        for port in self.ports:
+            wait_until(lambda: tcp_open(port), "the server")
         for url in self.urls:
             wait_until(lambda: http_ok(f"{url}/health"), f"{url}")
         time.sleep(1.0)  # bridges subscribe (and replay from seq 0)
@@ -239,7 +250,7 @@ class Fleet:
         return exited
 
     def check_alive(self):
-        for p in [self.server, *self.sims, *self.bridges]:
+        for p in [*self.servers, *self.sims, *self.bridges]:
             if not p.alive():
                 raise RuntimeError(f"{p.name} exited with {p.popen.returncode}; see {self.logs}")
 
@@ -281,14 +292,15 @@ class Fleet:
             views[wid] = {(TIERS[t], h) for t, hashes in view["tiers"].items() for h in hashes}
         return views
 
-    def index_view(self, universe):
-        """{worker_id: set((tier, hash))} as the index holds them, over `universe`."""
+    def index_view(self, universe, endpoint=None):
+        """{worker_id: set((tier, hash))} as the index (at `endpoint`, default the first
+        replica) holds them, over `universe`."""
         held = {}
         hashes = sorted(universe)
         for start in range(0, len(hashes), MAX_MATCH_HASHES):
             chunk = hashes[start:start + MAX_MATCH_HASHES]
             out = subprocess.run(
-                [f"{BIN}/kv-indexer-ctl", "--endpoint", self.endpoint, "--json", "match", "--",
+                [f"{BIN}/kv-indexer-ctl", "--endpoint", endpoint or self.endpoint, "--json", "match", "--",
                  *map(str, chunk)], capture_output=True, text=True, timeout=30)
             if out.returncode != 0:
                 raise RuntimeError(f"kv-indexer-ctl match failed: {out.stdout} {out.stderr}")

@@ -47,6 +47,9 @@ use crate::service::{AbortOnPanic, IndexCell};
 
 /// Entries one read takes at most.
 const READ_COUNT: usize = 1024;
+/// The longest wait between attempts to reach the engine: a Redis back from a restart is
+/// found within this.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// How often the applier checks the log's identity and the lease.
 const UPKEEP: Duration = Duration::from_secs(1);
 
@@ -386,14 +389,17 @@ impl Applier {
                     self.lease = false;
                     warn!(error = %kv_common::error_chain(&error), lag_ms = self.freshness.lag_ms(), "the shared log is unreachable: answering from memory until it returns");
                     std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Err(Restart::Rebootstrap(why)) => {
                     error!(
                         reason = why,
                         position = self.next,
+                        retry_in_ms = backoff.as_millis() as u64,
                         "the shared log no longer explains this replica's index: bootstrapping again"
                     );
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                     crate::observe::fleet_rebootstraps();
                     self.freshness.ready.store(false, Ordering::Release);
                     self.ready_at = None;
@@ -793,13 +799,47 @@ struct Build {
 }
 
 impl Build {
-    fn run(self) -> Result<Base, StateError> {
-        let started = Instant::now();
-        let origin = PathBuf::from(format!("{}:snapshot", self.config.key));
-        let (mut index, mut meta, from) = match &self.base {
+    /// The snapshot to build on: this replica's last one, or, when the stream was trimmed past
+    /// it (another replica published a newer one), the published one.
+    fn base_for(&self, stream: &mut Stream) -> Result<Option<Base>, StreamError> {
+        let from = self.base.as_ref().map_or(0, |b| b.position);
+        let first = match stream.bounds()? {
+            Some((first, _)) if first > from => first,
+            _ => return Ok(self.base.clone()),
+        };
+        let published = stream
+            .published()?
+            .filter(|p| p.epoch == self.epoch && p.position >= first && p.position <= self.to);
+        let bytes = match &published {
+            Some(p) => stream.fetch(p)?,
+            None => None,
+        };
+        match (published, bytes) {
+            (Some(p), Some(bytes)) => Ok(Some(Base {
+                position: p.position,
+                bytes: Arc::new(bytes),
+            })),
+            _ => Err(StreamError::Unexpected {
+                url: self.config.url().to_owned(),
+                what: format!(
+                    "the stream starts at position {first}, after this replica's snapshot at {from}, and no published snapshot fits"
+                ),
+            }),
+        }
+    }
+
+    /// `base` with the stream's entries up to `to` applied; none when an entry was trimmed
+    /// away meanwhile.
+    fn replay(
+        &self,
+        stream: &mut Stream,
+        base: Option<&Base>,
+        origin: &std::path::Path,
+    ) -> Result<Option<(Index, Meta)>, StateError> {
+        let (mut index, mut meta, from) = match base {
             None => (Index::new(), Meta::new(), 0),
             Some(base) => {
-                let contents = snapshot::from_bytes(&origin, &base.bytes)?;
+                let contents = snapshot::from_bytes(origin, &base.bytes)?;
                 (
                     Index::import(&contents.export),
                     contents.meta,
@@ -807,31 +847,54 @@ impl Build {
                 )
             }
         };
-        let engine = |error: StreamError| StateError::Fleet(Arc::new(error));
-        let mut stream = self.config.connect().map_err(engine)?;
-        let entries = stream.range(from, self.to).map_err(engine)?;
-        for (k, entry) in entries.iter().enumerate() {
-            if entry.position != from + k as u64 {
-                return Err(StateError::Fleet(Arc::new(StreamError::Unexpected {
-                    url: self.config.url().to_owned(),
-                    what: format!(
-                        "position {} was trimmed before the snapshot at {} was built",
-                        from + k as u64,
-                        self.to
-                    ),
-                })));
-            }
-            // The same steps as the applier's, so the snapshot holds what replicas hold.
-            if let Ok(record) = Record::decode(&entry.record) {
-                let _ = apply_record(&mut index, &mut meta, &record);
-            }
+        let mut next = from;
+        let mut gap = false;
+        stream
+            .range(from, self.to, |entry| {
+                if entry.position != next {
+                    gap = true;
+                    return;
+                }
+                next += 1;
+                // The same steps as the applier's, so the snapshot holds what replicas hold.
+                if let Ok(record) = Record::decode(&entry.record) {
+                    let _ = apply_record(&mut index, &mut meta, &record);
+                }
+            })
+            .map_err(|error| StateError::Fleet(Arc::new(error)))?;
+        if gap {
+            return Ok(None);
         }
-        if from + entries.len() as u64 != self.to {
+        if next != self.to {
             return Err(StateError::Fleet(Arc::new(StreamError::Unexpected {
                 url: self.config.url().to_owned(),
                 what: format!("the stream ends before position {}", self.to),
             })));
         }
+        Ok(Some((index, meta)))
+    }
+
+    fn run(self) -> Result<Base, StateError> {
+        let started = Instant::now();
+        let origin = PathBuf::from(format!("{}:snapshot", self.config.key));
+        let engine = |error: StreamError| StateError::Fleet(Arc::new(error));
+        let mut stream = self.config.connect().map_err(engine)?;
+        // Twice: the lease holder may trim the stream past our base while we read it; the
+        // second try builds on the snapshot it published.
+        let mut built = None;
+        for _ in 0..2 {
+            let base = self.base_for(&mut stream).map_err(engine)?;
+            if let Some(state) = self.replay(&mut stream, base.as_ref(), &origin)? {
+                built = Some(state);
+                break;
+            }
+        }
+        let Some((index, meta)) = built else {
+            return Err(StateError::Fleet(Arc::new(StreamError::Unexpected {
+                url: self.config.url().to_owned(),
+                what: format!("the stream was trimmed under the snapshot at {}", self.to),
+            })));
+        };
         let contents = snapshot::Contents {
             position: self.to,
             export: index.export(),

@@ -270,17 +270,23 @@ impl Stream {
         }
     }
 
-    /// The entries from `from` up to (not including) `until`, in pages.
-    pub fn range(&mut self, from: u64, until: u64) -> Result<Vec<Entry>, StreamError> {
-        let mut out = Vec::new();
+    /// Hands `each` the entries from `from` up to (not including) `until`, read in pages.
+    pub fn range(
+        &mut self,
+        from: u64,
+        until: u64,
+        mut each: impl FnMut(Entry),
+    ) -> Result<(), StreamError> {
         let mut next = from;
         while next < until {
             let page = self.read_from(next, 1024.min((until - next) as usize), None)?;
             let Some(last) = page.last() else { break };
             next = last.position + 1;
-            out.extend(page.into_iter().filter(|e| e.position < until));
+            page.into_iter()
+                .filter(|e| e.position < until)
+                .for_each(&mut each);
         }
-        Ok(out)
+        Ok(())
     }
 
     fn entry(&self, value: Value) -> Result<Entry, StreamError> {

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""What the shared log costs, with real processes on loopback: a real redis-server, Indexer
+replicas with `--event-log` (pinned to CPU 0, as in durable_bench.py), the load generator on
+CPU 1.
+
+1. ingest: apply throughput and latency (kv-indexer-loadgen's REPORT/REVOKE churn sent to the
+   first replica) with 1, 2 and 3 replicas, next to one in-memory server; the other replicas'
+   lag (GET /state, every 20 ms) while it runs; the stream's Redis memory per block-op held;
+2. join: time for a new replica to be SERVING at P placements, (a) replaying the whole stream,
+   (b) from the snapshot the first replica published (and the stream after it).
+
+    scripts/fleet_bench.py [--only ingest,join] [--placements 1000000,10000000]
+
+Needs redis-server (scripts/install_redis.sh); only the Python standard library otherwise.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import durable_bench as db  # noqa: E402  (Server, loadgen, preload_flags)
+
+KEY = "sgl-kv-indexer:events"
+
+
+def redis_command(port, *args):
+    """One command (RESP); the answer's first line."""
+    payload = f"*{len(args)}\r\n" + "".join(f"${len(str(a).encode())}\r\n{a}\r\n" for a in args)
+    with socket.create_connection((db.HOST, port), timeout=600) as sock:
+        sock.sendall(payload.encode())
+        return sock.makefile("rb").readline().decode().strip()
+
+
+class Redis:
+    def __init__(self, port, logs):
+        self.port = port
+        self.dir = tempfile.mkdtemp(prefix="kv-bench-redis-", dir=logs)
+        self.popen = subprocess.Popen(["redis-server", "--bind", db.HOST, "--port", str(port), "--save", "",
+                                       "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while True:
+            try:
+                if redis_command(port, "PING") == "+PONG":
+                    return
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)
+
+    def url(self):
+        return f"redis://{db.HOST}:{self.port}/0"
+
+    def stop(self):
+        self.popen.kill()
+        self.popen.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def replicas(args, logs, redis, count, extra=()):
+    out = []
+    for k in range(count):
+        out.append(db.Server(args.base_port + 10 * k, logs, ["--event-log", redis.url(), *extra]))
+    for server in out:
+        server.wait_ready()
+    return out
+
+
+def lag_poller(servers):
+    """Samples the lag (ms) of `servers` every 20 ms until the returned event is set."""
+    samples, stop = [], threading.Event()
+
+    def run():
+        while not stop.is_set():
+            for server in servers:
+                try:
+                    samples.append(server.state()["lag_ms"])
+                except Exception:
+                    pass
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return samples, stop, thread
+
+
+def pct(values, q):
+    if not values:
+        return 0
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def churn(args, port):
+    out = db.loadgen(port, "--workers", 16, "--prompts", 16, "--prompt-blocks", 64, "--qps", 1,
+                     "--concurrency", 1, "--duration-secs", args.ingest_secs, "--ingest-ops", args.ingest_ops,
+                     "--ingest-batch", args.ingest_batch)
+    achieved = float(re.search(r"ingest: ([\d.]+) M block-ops/s", out).group(1))
+    lat = re.search(r"apply \(REPORT or REVOKE\) latency µs over \d+: p50 (\d+) p99 (\d+) max (\d+)", out)
+    return achieved, lat.group(1), lat.group(2), lat.group(3)
+
+
+def ingest(args, logs):
+    print(f"\n## ingest: REPORT/REVOKE churn to the first replica (target {args.ingest_ops / 1e6:.1f} M "
+          f"block-ops/s, {args.ingest_batch} hashes per apply, {args.ingest_secs} s)")
+    print(f"{'setup':<22} {'achieved M/s':>12} {'apply p50 µs':>12} {'p99 µs':>8} {'max µs':>8} "
+          f"{'lag p50 ms':>10} {'lag p99 ms':>10} {'Redis B/op':>10}")
+    server = db.Server(args.base_port, logs, [])
+    server.wait_ready()
+    achieved, p50, p99, top = churn(args, args.base_port)
+    server.stop()
+    print(f"{'one server, in memory':<22} {achieved:>12.2f} {p50:>12} {p99:>8} {top:>8} {'-':>10} {'-':>10} {'-':>10}")
+    for count in (1, 2, 3):
+        redis = Redis(args.base_port + 5, logs)
+        servers = replicas(args, logs, redis, count, ["--snapshot-interval-s", "0"])
+        samples, stop, thread = lag_poller(servers[1:])
+        achieved, p50, p99, top = churn(args, args.base_port)
+        stop.set()
+        thread.join()
+        memory = int(redis_command(redis.port, "MEMORY", "USAGE", KEY, "SAMPLES", "0").lstrip(":") or 0)
+        ops = achieved * 1e6 * args.ingest_secs
+        lag = (f"{pct(samples, 0.5):>10} {pct(samples, 0.99):>10}" if samples else f"{'-':>10} {'-':>10}")
+        print(f"{f'{count} replica(s)':<22} {achieved:>12.2f} {p50:>12} {p99:>8} {top:>8} {lag} "
+              f"{memory / max(ops, 1):>10.1f}")
+        for s in servers:
+            s.stop(signal.SIGKILL)
+        redis.stop()
+
+
+def join(args, logs):
+    print("\n## join: a new replica's time from its start to SERVING")
+    print(f"{'placements':>11} {'from':<34} {'to SERVING s':>12} {'digest':>7} {'stream entries':>14}")
+    for target in args.placements:
+        redis = Redis(args.base_port + 5, logs)
+        first = db.Server(args.base_port, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
+        first.wait_ready()
+        db.loadgen(args.base_port, *db.preload_flags(target))
+        before = first.state()
+        entries = redis_command(redis.port, "XLEN", KEY).lstrip(":")
+        new = db.Server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
+        took = new.wait_ready()
+        same = new.state()["digest"] == before["digest"]
+        print(f"{before['placements']:>11} {'the whole stream':<34} {took:>12.2f} {'equal' if same else 'DIFFERS':>7} "
+              f"{entries:>14}")
+        new.stop(signal.SIGKILL)
+        first.stop(signal.SIGKILL)
+        # (b) a replica that publishes a snapshot every second: wait for one, then join.
+        first = db.Server(args.base_port, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "1"])
+        first.wait_ready()
+        deadline = time.time() + 600
+        while "published=true" not in first.log_text():
+            if time.time() > deadline:
+                raise RuntimeError("no snapshot was published")
+            time.sleep(0.2)
+        entries = redis_command(redis.port, "XLEN", KEY).lstrip(":")
+        new = db.Server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
+        took = new.wait_ready()
+        same = new.state()["digest"] == before["digest"]
+        print(f"{before['placements']:>11} {'the published snapshot + stream':<34} {took:>12.2f} "
+              f"{'equal' if same else 'DIFFERS':>7} {entries:>14}")
+        new.stop(signal.SIGKILL)
+        first.stop(signal.SIGKILL)
+        redis.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="ingest,join")
+    ap.add_argument("--placements", default="1000000,10000000")
+    ap.add_argument("--base-port", type=int, default=49100)
+    ap.add_argument("--ingest-ops", type=int, default=3_000_000)
+    ap.add_argument("--ingest-batch", type=int, default=4096)
+    ap.add_argument("--ingest-secs", type=int, default=8)
+    ap.add_argument("--no-build", action="store_true", help="use the binaries in target/release as they are")
+    args = ap.parse_args()
+    args.placements = [int(p) for p in args.placements.split(",") if p]
+    if not shutil.which("redis-server"):
+        ap.error("redis-server is not installed: run scripts/install_redis.sh")
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-tools"],
+                       cwd=db.ROOT, check=True)
+    logs = tempfile.mkdtemp(prefix="kv-fleet-bench-")
+    print(f"machine: {os.cpu_count()} CPUs; replicas on CPU 0, the load generator on CPU 1, Redis unpinned; "
+          f"logs {logs}")
+    for part in args.only.split(","):
+        {"ingest": ingest, "join": join}[part](args, logs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
