@@ -4,8 +4,9 @@ replicas with `--event-log` (pinned to CPU 0, as in durable_bench.py), the load 
 CPU 1.
 
 1. ingest: apply throughput and latency (kv-indexer-loadgen's REPORT/REVOKE churn sent to the
-   first replica) with 1, 2 and 3 replicas, next to one in-memory server; the other replicas'
-   lag (GET /state, every 20 ms) while it runs; the stream's Redis memory per block-op held;
+   first replica) with 1, 2 and 3 replicas, next to one in-memory server; how many entries
+   (applies) the other replicas are behind the first (GET /state positions, every 20 ms) while
+   it runs; the stream's Redis memory per block-op held;
 2. join: time for a new replica to be SERVING at P placements, (a) replaying the whole stream,
    (b) from the snapshot the first replica published (and the stream after it).
 
@@ -31,6 +32,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import durable_bench as db  # noqa: E402  (Server, loadgen, preload_flags)
 
 KEY = "sgl-kv-indexer:events"
+# Every process started, stopped by pid whatever happens (see main).
+STARTED = []
+
+
+def server(port, logs, extra):
+    started = db.Server(port, logs, extra)
+    STARTED.append(started.popen)
+    return started
 
 
 def redis_command(port, *args):
@@ -48,6 +57,7 @@ class Redis:
         self.popen = subprocess.Popen(["redis-server", "--bind", db.HOST, "--port", str(port), "--save", "",
                                        "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        STARTED.append(self.popen)
         deadline = time.time() + 10
         while True:
             try:
@@ -71,21 +81,23 @@ class Redis:
 def replicas(args, logs, redis, count, extra=()):
     out = []
     for k in range(count):
-        out.append(db.Server(args.base_port + 10 * k, logs, ["--event-log", redis.url(), *extra]))
+        out.append(server(args.base_port + 10 * k, logs, ["--event-log", redis.url(), *extra]))
     for server in out:
         server.wait_ready()
     return out
 
 
-def lag_poller(servers):
-    """Samples the lag (ms) of `servers` every 20 ms until the returned event is set."""
+def lag_poller(leader, followers):
+    """Samples, every 20 ms until the returned event is set, how many entries each follower is
+    behind the leader (positions read one right after the other)."""
     samples, stop = [], threading.Event()
 
     def run():
         while not stop.is_set():
-            for server in servers:
+            for follower in followers:
                 try:
-                    samples.append(server.state()["lag_ms"])
+                    ahead = leader.state()["position"]
+                    samples.append(max(0, ahead - follower.state()["position"]))
                 except Exception:
                     pass
             time.sleep(0.02)
@@ -115,16 +127,16 @@ def ingest(args, logs):
     print(f"\n## ingest: REPORT/REVOKE churn to the first replica (target {args.ingest_ops / 1e6:.1f} M "
           f"block-ops/s, {args.ingest_batch} hashes per apply, {args.ingest_secs} s)")
     print(f"{'setup':<22} {'achieved M/s':>12} {'apply p50 µs':>12} {'p99 µs':>8} {'max µs':>8} "
-          f"{'lag p50 ms':>10} {'lag p99 ms':>10} {'Redis B/op':>10}")
-    server = db.Server(args.base_port, logs, [])
-    server.wait_ready()
+          f"{'behind p50':>10} {'behind p99':>10} {'Redis B/op':>10}")
+    single = server(args.base_port, logs, [])
+    single.wait_ready()
     achieved, p50, p99, top = churn(args, args.base_port)
-    server.stop()
+    single.stop()
     print(f"{'one server, in memory':<22} {achieved:>12.2f} {p50:>12} {p99:>8} {top:>8} {'-':>10} {'-':>10} {'-':>10}")
     for count in (1, 2, 3):
         redis = Redis(args.base_port + 5, logs)
         servers = replicas(args, logs, redis, count, ["--snapshot-interval-s", "0"])
-        samples, stop, thread = lag_poller(servers[1:])
+        samples, stop, thread = lag_poller(servers[0], servers[1:])
         achieved, p50, p99, top = churn(args, args.base_port)
         stop.set()
         thread.join()
@@ -143,12 +155,12 @@ def join(args, logs):
     print(f"{'placements':>11} {'from':<34} {'to SERVING s':>12} {'digest':>7} {'stream entries':>14}")
     for target in args.placements:
         redis = Redis(args.base_port + 5, logs)
-        first = db.Server(args.base_port, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
+        first = server(args.base_port, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
         first.wait_ready()
         db.loadgen(args.base_port, *db.preload_flags(target))
         before = first.state()
         entries = redis_command(redis.port, "XLEN", KEY).lstrip(":")
-        new = db.Server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
+        new = server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
         took = new.wait_ready()
         same = new.state()["digest"] == before["digest"]
         print(f"{before['placements']:>11} {'the whole stream':<34} {took:>12.2f} {'equal' if same else 'DIFFERS':>7} "
@@ -156,15 +168,15 @@ def join(args, logs):
         new.stop(signal.SIGKILL)
         first.stop(signal.SIGKILL)
         # (b) a replica that publishes a snapshot every second: wait for one, then join.
-        first = db.Server(args.base_port, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "1"])
+        first = server(args.base_port, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "1"])
         first.wait_ready()
         deadline = time.time() + 600
-        while "published=true" not in first.log_text():
+        while "published=true" not in re.sub(r"\x1b\[[0-9;]*m", "", first.log_text()):
             if time.time() > deadline:
                 raise RuntimeError("no snapshot was published")
             time.sleep(0.2)
         entries = redis_command(redis.port, "XLEN", KEY).lstrip(":")
-        new = db.Server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
+        new = server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
         took = new.wait_ready()
         same = new.state()["digest"] == before["digest"]
         print(f"{before['placements']:>11} {'the published snapshot + stream':<34} {took:>12.2f} "
@@ -199,4 +211,10 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        for popen in STARTED:
+            if popen.poll() is None:
+                popen.kill()
+                popen.wait()
