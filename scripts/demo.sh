@@ -4,12 +4,26 @@
 # with the matched blocks and the worker's cached_tokens, then stops everything it started.
 #
 #   scripts/demo.sh            (ports: 50061 indexer, 31000-31002 workers, 5600-5602 events, 30080 router)
+#   scripts/demo.sh --replicas 2
+#       a fleet: redis-server (installed by scripts/install_redis.sh when missing) on 6390, the
+#       Indexer replicas on 50061, 50062, … sharing its stream; bridges and the router list every
+#       replica; at the end the first replica is killed and the router keeps its cache signal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+REPLICAS=1
+if [[ "${1:-}" == "--replicas" ]]; then
+  REPLICAS=${2:?--replicas needs a number}
+  [[ "$REPLICAS" =~ ^[1-9][0-9]*$ ]] || { echo "--replicas must be a positive number, not $REPLICAS" >&2; exit 2; }
+elif [[ -n "${1:-}" ]]; then
+  echo "usage: scripts/demo.sh [--replicas N]" >&2
+  exit 2
+fi
+
 BASE_PORT=${DEMO_BASE_PORT:-31000}
 EVENTS_PORT=${DEMO_EVENTS_PORT:-5600}
-INDEXER=127.0.0.1:${DEMO_INDEXER_PORT:-50061}
+INDEXER_PORT=${DEMO_INDEXER_PORT:-50061}
+REDIS_PORT=${DEMO_REDIS_PORT:-6390}
 ROUTER=127.0.0.1:${DEMO_ROUTER_PORT:-30080}
 LOGS=$(mktemp -d)
 
@@ -25,8 +39,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN/kv-indexer-server" --listen-addr "$INDEXER" >"$LOGS/server.log" 2>&1 &
-pids+=($!)
+fleet=()
+endpoints=()
+if ((REPLICAS > 1)); then
+  scripts/install_redis.sh
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --dir "$LOGS" \
+    >"$LOGS/redis.log" 2>&1 &
+  pids+=($!)
+  fleet=(--event-log "redis://127.0.0.1:$REDIS_PORT/0" --snapshot-interval-s 5)
+fi
+for k in $(seq 0 $((REPLICAS - 1))); do
+  "$BIN/kv-indexer-server" --listen-addr "127.0.0.1:$((INDEXER_PORT + k))" "${fleet[@]}" \
+    >"$LOGS/server-$k.log" 2>&1 &
+  pids+=($!)
+  endpoints+=("http://127.0.0.1:$((INDEXER_PORT + k))")
+done
+server_pid=${pids[-REPLICAS]}
+ENDPOINTS=$(IFS=,; echo "${endpoints[*]}")
 urls=()
 for i in 0 1 2; do
   port=$((BASE_PORT + i)); events=$((EVENTS_PORT + i))
@@ -35,12 +64,12 @@ for i in 0 1 2; do
   pids+=($!)
   KV_INDEXER_WORKER_ID="sim-$i" KV_INDEXER_WORKER_ADDRESS="http://127.0.0.1:$port" \
     SGLANG_KV_EVENT_ENDPOINT="tcp://127.0.0.1:$events" SGLANG_KV_EVENT_TOPIC=kv-events \
-    KV_INDEXER_ENDPOINT="http://$INDEXER" "$BIN/kv-indexer-bridge" >"$LOGS/bridge-$i.log" 2>&1 &
+    KV_INDEXER_ENDPOINT="$ENDPOINTS" "$BIN/kv-indexer-bridge" >"$LOGS/bridge-$i.log" 2>&1 &
   pids+=($!)
   urls+=("http://127.0.0.1:$port")
 done
 "$BIN/kv-indexer-router" --listen-addr "$ROUTER" --worker-urls "$(IFS=,; echo "${urls[*]}")" \
-  --kv-indexer-endpoint "http://$INDEXER" --cache-affinity-min-matched-tokens 32 >"$LOGS/router.log" 2>&1 &
+  --kv-indexer-endpoint "$ENDPOINTS" --cache-affinity-min-matched-tokens 32 >"$LOGS/router.log" 2>&1 &
 pids+=($!)
 
 wait_http() {
@@ -93,3 +122,10 @@ ask "doc B, question 2" "$B question two"
 ask "doc A, question 3" "$A question three"
 ask "doc C, question 2" "$C question two"
 ask "unrelated prompt" "$(doc delta 50)"
+if ((REPLICAS > 1)); then
+  echo
+  echo "killing the first replica (kill -9): the router and the bridges go on with the next one"
+  { kill -9 "$server_pid" && wait "$server_pid"; } 2>/dev/null || true
+  ask "doc B, question 3" "$B question three"
+  ask "doc C, question 3" "$C question three"
+fi
