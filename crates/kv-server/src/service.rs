@@ -321,6 +321,11 @@ impl IndexerService {
         &self,
         request: pb::ApplyExternalKvBatchRequest,
     ) -> Result<pb::ApplyExternalKvBatchResponse, ServerError> {
+        // A replica still catching up would hold the apply until it reached it: refuse, so
+        // the bridge goes to a replica that serves.
+        if !self.shared.is_ready() {
+            return Err(ServerError::NotReady);
+        }
         self.shared.writer()?.apply(request).await?;
         Ok(pb::ApplyExternalKvBatchResponse {})
     }

@@ -358,6 +358,61 @@ async fn a_lost_log_makes_every_replica_start_over_instead_of_serving_what_it_no
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_lost_and_refilled_by_others_make_a_replica_start_over() {
+    let Some(redis) = RedisServer::start(false) else {
+        return;
+    };
+    let mut a = Replica::serving(config(&redis, Settings::default())).await;
+    let sent: Vec<_> = (0..3).map(|i| report(&format!("w{i}"), &[i])).collect();
+    for request in &sent {
+        a.apply(request.clone()).await.unwrap();
+    }
+    converge(&[&a], &reference(&sent)).await;
+    // A failover without persistence: the stream comes back without its last entry (the
+    // epoch survives), and another replica's apply takes that position.
+    let mut connection = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let kept: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+        .arg("test:events")
+        .arg("-")
+        .arg("+")
+        .query(&mut connection)
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg("test:events")
+        .query(&mut connection)
+        .unwrap();
+    for (id, fields) in &kept[..2] {
+        let mut add = redis::cmd("XADD");
+        add.arg("test:events").arg(id);
+        for (field, value) in fields {
+            add.arg(field).arg(value);
+        }
+        let _: String = add.query(&mut connection).unwrap();
+    }
+    let other = report("w-other", &[42]);
+    let record = kv_server::state::record::Record {
+        time_ms: 1,
+        change: kv_server::state::record::Change::Apply(other.clone()),
+    };
+    let _: String = redis::cmd("XADD")
+        .arg("test:events")
+        .arg("0-3")
+        .arg("r")
+        .arg("someone-else:1")
+        .arg("d")
+        .arg(record.encode())
+        .query(&mut connection)
+        .unwrap();
+    // A notices its last entry changed hands and rebuilds from the log as it now is.
+    let expected = reference(&[sent[0].clone(), sent[1].clone(), other]);
+    converge(&[&a], &expected).await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_outage_refuses_applies_answers_queries_until_the_lag_bound_then_resumes() {
     let Some(mut redis) = RedisServer::start(true) else {
         return;

@@ -179,6 +179,11 @@ pub fn start(
         key = fleet.stream.key,
         "joining the shared log"
     );
+    if snapshot_interval.is_none() {
+        warn!(
+            "KV_INDEXER_SNAPSHOT_INTERVAL_S is 0: this replica never publishes a snapshot, so under its lease the stream is never trimmed and grows in the engine's memory"
+        );
+    }
     let applier = Applier {
         config: fleet.stream.clone(),
         replica: replica.clone(),
@@ -186,6 +191,10 @@ pub fn start(
         meta: Meta::new(),
         next: 0,
         ready_at: None,
+        last_origin: None,
+        generation: 0,
+        ready_since: Instant::now(),
+        expiries: 0,
         epoch: None,
         stream: None,
         waiters: waiters.clone(),
@@ -345,6 +354,14 @@ struct Applier {
     next: u64,
     /// Ready once `next` reaches this (the tail as of the bootstrap); none: not bootstrapped.
     ready_at: Option<u64>,
+    /// The origin of the entry last applied (at `next - 1`), checked on every read.
+    last_origin: Option<String>,
+    /// Bumped at every bootstrap: a snapshot built before one is thrown away.
+    generation: u64,
+    /// When this replica last became ready.
+    ready_since: Instant,
+    /// Expiry records this replica appended (their origins are `<replica>:x<n>`).
+    expiries: u64,
     epoch: Option<String>,
     stream: Option<Stream>,
     waiters: Waiters,
@@ -353,7 +370,7 @@ struct Applier {
     worker_ttl: Option<Duration>,
     snapshot_interval: Option<Duration>,
     base: Option<Base>,
-    building: Option<JoinHandle<Result<Base, StateError>>>,
+    building: Option<JoinHandle<Result<(u64, Base), StateError>>>,
     last_snapshot: Instant,
     last_upkeep: Option<Instant>,
     last_sweep: Instant,
@@ -431,9 +448,24 @@ impl Applier {
             self.last_upkeep = Some(Instant::now());
         }
         let stream = self.stream.as_mut().expect("connected above");
-        let entries = stream.read_from(self.next, READ_COUNT, Some(READ_BLOCK))?;
+        // One entry of overlap: the last one applied must still be there, with the same
+        // origin, or the log lost it (a failover without persistence) and others refilled
+        // the position.
+        let overlap = self.last_origin.is_some() && self.next > 0;
+        let from = self.next - u64::from(overlap);
+        let mut entries = stream.read_from(from, READ_COUNT, Some(READ_BLOCK))?;
         let read_at = now_ms();
-        let count = entries.len();
+        if overlap && entries.first().is_some_and(|e| e.position == from) {
+            let seen = entries.remove(0);
+            if Some(&seen.origin) != self.last_origin.as_ref() {
+                return Err(Restart::Rebootstrap(format!(
+                    "the entry at position {from} is now {}'s, not {}'s: the engine lost entries and others took their places",
+                    seen.origin,
+                    self.last_origin.as_deref().unwrap_or("?")
+                )));
+            }
+        }
+        let count = entries.len() + usize::from(overlap);
         for entry in entries {
             if entry.position != self.next {
                 return Err(Restart::Rebootstrap(format!(
@@ -453,6 +485,7 @@ impl Applier {
         {
             self.freshness.caught_up(read_at);
             self.freshness.ready.store(true, Ordering::Release);
+            self.ready_since = Instant::now();
             let stats = self.index.read().stats();
             info!(
                 position = self.next,
@@ -477,6 +510,7 @@ impl Applier {
                 (applied, stats)
             });
         self.next = entry.position + 1;
+        self.last_origin = Some(entry.origin.clone());
         let waiter = entry
             .origin
             .strip_prefix(self.replica.as_str())
@@ -581,6 +615,8 @@ impl Applier {
         drop(old);
         self.meta = meta;
         self.next = position;
+        self.last_origin = None;
+        self.generation += 1;
         self.ready_at = Some(bounds.map_or(0, |(_, last)| last + 1));
         self.epoch = Some(epoch.clone());
         self.base = base;
@@ -641,7 +677,18 @@ impl Applier {
             .behind
             .store(tail - self.next, Ordering::Relaxed);
         crate::observe::fleet_lag(self.freshness.lag_ms(), tail - self.next);
-        let held = stream.hold_lease(&self.replica)?;
+        // Only a replica that serves holds the lease: one still catching up would stall the
+        // fleet's expiry, snapshots and trimming.
+        let ready = self.freshness.check().is_ok();
+        let held = match ready {
+            true => stream.hold_lease(&self.replica)?,
+            false => {
+                if self.lease {
+                    stream.release_lease(&self.replica)?;
+                }
+                false
+            }
+        };
         if held != self.lease {
             info!(
                 replica = self.replica,
@@ -665,7 +712,9 @@ impl Applier {
             return Ok(());
         };
         let every = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
-        if self.last_sweep.elapsed() < every {
+        // A grace of one TTL after this replica became ready: after the whole fleet was
+        // down, bridges get the time to send again before their workers look silent.
+        if self.last_sweep.elapsed() < every || self.ready_since.elapsed() < ttl {
             return Ok(());
         }
         self.last_sweep = Instant::now();
@@ -678,8 +727,10 @@ impl Applier {
             time_ms: now,
             change: Change::ExpireUnseen(expired),
         };
+        self.expiries += 1;
+        let origin = format!("{}:x{}", self.replica, self.expiries);
         let stream = self.stream.as_mut().expect("connected");
-        stream.append(&[(format!("{}:0", self.replica), record.encode())])?;
+        stream.append(&[(origin, record.encode())])?;
         Ok(())
     }
 
@@ -691,7 +742,11 @@ impl Applier {
                 return;
             }
             match building.join() {
-                Ok(Ok(base)) => self.base = Some(base),
+                Ok(Ok((generation, base))) if generation == self.generation => {
+                    self.base = Some(base)
+                }
+                // Built on a history this replica has since dropped.
+                Ok(Ok(_)) => {}
                 Ok(Err(error)) => {
                     warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
                 }
@@ -713,6 +768,7 @@ impl Applier {
             epoch: self.epoch.clone().expect("bootstrapped"),
             base: self.base.clone(),
             to: self.next,
+            generation: self.generation,
             dir: self.epoch.as_deref().and_then(|e| self.snapshot_dir(e)),
             publish: self.lease,
         };
@@ -794,6 +850,8 @@ struct Build {
     epoch: String,
     base: Option<Base>,
     to: u64,
+    /// The applier's generation when it was asked for.
+    generation: u64,
     dir: Option<PathBuf>,
     publish: bool,
 }
@@ -874,7 +932,7 @@ impl Build {
         Ok(Some((index, meta)))
     }
 
-    fn run(self) -> Result<Base, StateError> {
+    fn run(self) -> Result<(u64, Base), StateError> {
         let started = Instant::now();
         let origin = PathBuf::from(format!("{}:snapshot", self.config.key));
         let engine = |error: StreamError| StateError::Fleet(Arc::new(error));
@@ -917,9 +975,12 @@ impl Build {
             took_ms = started.elapsed().as_millis() as u64,
             "snapshot of the shared log built"
         );
-        Ok(Base {
-            position: self.to,
-            bytes: Arc::new(bytes),
-        })
+        Ok((
+            self.generation,
+            Base {
+                position: self.to,
+                bytes: Arc::new(bytes),
+            },
+        ))
     }
 }

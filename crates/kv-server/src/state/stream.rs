@@ -26,6 +26,8 @@ use redis::{Commands, Connection, ConnectionLike, Value};
 
 /// A published snapshot's chunk size.
 pub const CHUNK_BYTES: usize = 4 << 20;
+/// How long the chunks of a snapshot being published live unless the publish completes.
+const UNPUBLISHED_CHUNK_TTL: Duration = Duration::from_secs(600);
 /// How long the maintenance lease lasts without renewal.
 pub const LEASE: Duration = Duration::from_secs(5);
 /// Longest wait of one blocking read: the replica checks on the engine at least this often.
@@ -399,6 +401,21 @@ impl Stream {
         Ok(held == 1)
     }
 
+    /// Gives up the maintenance lease if `replica` holds it.
+    pub fn release_lease(&mut self, replica: &str) -> Result<(), StreamError> {
+        let script = redis::Script::new(
+            r"
+            if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+            return 0",
+        );
+        let _: i64 = script
+            .key(self.key("lease"))
+            .arg(replica)
+            .invoke(&mut self.connection)
+            .map_err(self.config.engine("releasing the lease"))?;
+        Ok(())
+    }
+
     /// The newest published snapshot's description.
     pub fn published(&mut self) -> Result<Option<Published>, StreamError> {
         let fields: std::collections::HashMap<String, String> = self
@@ -431,7 +448,8 @@ impl Stream {
     /// The bytes of the published snapshot `published`; none when its chunks are gone (a
     /// newer one replaced it meanwhile).
     pub fn fetch(&mut self, published: &Published) -> Result<Option<Vec<u8>>, StreamError> {
-        let mut bytes = Vec::with_capacity(published.bytes as usize);
+        // A size read from the engine is a hint, not a promise: capped.
+        let mut bytes = Vec::with_capacity(published.bytes.min(1 << 30) as usize);
         for i in 0..published.chunks {
             let chunk: Option<Vec<u8>> = self
                 .connection
@@ -462,8 +480,13 @@ impl Stream {
         let chunks: Vec<&[u8]> = bytes.chunks(CHUNK_BYTES).collect();
         let mut pipe = redis::pipe();
         for (i, chunk) in chunks.iter().enumerate() {
-            pipe.set(self.key(&format!("snapshot:{position}:{i}")), *chunk)
-                .ignore();
+            // Expiring until published: a crash mid-publish leaves nothing behind for good.
+            pipe.pset_ex(
+                self.key(&format!("snapshot:{position}:{i}")),
+                *chunk,
+                UNPUBLISHED_CHUNK_TTL.as_millis() as u64,
+            )
+            .ignore();
         }
         pipe.query::<()>(&mut self.connection)
             .map_err(self.config.engine("writing snapshot chunks"))?;
@@ -471,8 +494,13 @@ impl Stream {
             r"
             if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
             if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
+            local newest = tonumber(redis.call('HGET', KEYS[2], 'position') or '-1')
+            if newest >= tonumber(ARGV[3]) then return 0 end
             redis.call('HSET', KEYS[2], 'position', ARGV[3], 'epoch', ARGV[2],
                 'chunks', ARGV[4], 'bytes', ARGV[5])
+            for i = 0, tonumber(ARGV[4]) - 1 do
+                redis.call('PERSIST', ARGV[6] .. i)
+            end
             return 1",
         );
         let done: i64 = script
@@ -484,6 +512,7 @@ impl Stream {
             .arg(position)
             .arg(chunks.len())
             .arg(bytes.len())
+            .arg(self.key(&format!("snapshot:{position}:")))
             .invoke(&mut self.connection)
             .map_err(self.config.engine("publishing the snapshot"))?;
         let stale = match done {
@@ -511,9 +540,12 @@ impl Stream {
             return Ok(false);
         }
         // Keep the newest covered entry (position - 1): the stream's tail stays readable.
+        // Approximate (`~`): the engine trims whole nodes only, quickly, and may keep a few
+        // more entries; never fewer.
         let _: i64 = redis::cmd("XTRIM")
             .arg(&self.config.key)
             .arg("MINID")
+            .arg("~")
             .arg(id(position - 1))
             .query(&mut self.connection)
             .map_err(self.config.engine("trimming (XTRIM)"))?;
