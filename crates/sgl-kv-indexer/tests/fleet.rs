@@ -187,6 +187,9 @@ fn report(worker: &str, hashes: &[i64]) -> pb::ApplyExternalKvBatchRequest {
     )
 }
 
+/// A stream entry as XRANGE answers it: its id and its fields.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 /// The digest of one index given `applies` in order.
 fn reference(applies: &[pb::ApplyExternalKvBatchRequest]) -> String {
     let mut index = Index::new();
@@ -374,7 +377,7 @@ async fn entries_lost_and_refilled_by_others_make_a_replica_start_over() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let kept: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+    let kept: Vec<StreamEntry> = redis::cmd("XRANGE")
         .arg("test:events")
         .arg("-")
         .arg("+")
