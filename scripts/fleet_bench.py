@@ -82,8 +82,8 @@ def replicas(args, logs, redis, count, extra=()):
     out = []
     for k in range(count):
         out.append(server(args.base_port + 10 * k, logs, ["--event-log", redis.url(), *extra]))
-    for server in out:
-        server.wait_ready()
+    for replica in out:
+        replica.wait_ready()
     return out
 
 
