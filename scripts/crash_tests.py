@@ -261,19 +261,17 @@ def main():
         except Exception as error:
             print(f"  worker-gone failed: {error}", file=sys.stderr)
             failed = True
-    for k, name in enumerate(cases):
-        print(f"running {name}: {CASES[name][3]} …", file=sys.stderr, flush=True)
-        try:
-            r = run_case(args, name, logs_root, args.seed + k)
-        except Exception as error:
-            print(f"  {name} failed: {error}", file=sys.stderr)
-            rows.append((name, None))
-            failed = True
+    case_rows, case_failed = ft.run_cases(cases, lambda name: CASES[name][3],
+                                          lambda name, k: run_case(args, name, logs_root, args.seed + k))
+    rows += case_rows
+    failed |= case_failed
+    for name, r in case_rows:
+        if r is None:
             continue
         if r["over"] or (r["under"] and not r["under_ok"]) or not r["digest_equal"]:
             failed = True
-        print(f"  files at the fault: {r['files']}; decisions in the window: {r['decisions']}", file=sys.stderr)
-        rows.append((name, r))
+        print(f"  {name}: files at the fault: {r['files']}; decisions in the window: {r['decisions']}",
+              file=sys.stderr)
     print()
     print(f"{'case':<16} {'description':<38} {'before':>7} {'after':>7} {'over':>5} {'under':>6} "
           f"{'digest':>7} {'serving_s':>9} {'disk_B/pl':>9} {'routed':>7} {'blind':>6} {'window_s':>8}")

@@ -367,6 +367,21 @@ class Traffic:
         return stop, thread
 
 
+def run_cases(names, describe, run):
+    """Runs `run(name, k)` for each case in turn, saying which runs; returns [(name, result)]
+    with None for a case that raised (its error printed), and whether any did."""
+    rows, failed = [], False
+    for k, name in enumerate(names):
+        print(f"running {name}: {describe(name)} …", file=sys.stderr, flush=True)
+        try:
+            rows.append((name, run(name, k)))
+        except Exception as error:
+            print(f"  {name} failed: {error}", file=sys.stderr)
+            rows.append((name, None))
+            failed = True
+    return rows, failed
+
+
 def compare(workers, index):
     expected = sum(len(v) for v in workers.values())
     held = over = 0

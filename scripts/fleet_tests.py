@@ -319,20 +319,13 @@ def main():
     ft.build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools", "kv-indexer-router")
     logs_root = tempfile.mkdtemp(prefix="kv-fleet-tests-")
     signal.signal(signal.SIGTERM, lambda s, _f: (ft.stop_all(), sys.exit(128 + s)))
-    rows, failed = [], False
-    for k, name in enumerate(cases):
-        print(f"running {name}: {CASES[name]} …", file=sys.stderr, flush=True)
-        try:
-            r = run_case(args, name, logs_root, args.seed + k)
-        except Exception as error:
-            print(f"  {name} failed: {error}", file=sys.stderr)
-            rows.append((name, None))
-            failed = True
+    rows, failed = ft.run_cases(cases, CASES.get, lambda name, k: run_case(args, name, logs_root, args.seed + k))
+    for name, r in rows:
+        if r is None:
             continue
         failed |= bool(r["over"]) or not r["digests_equal"] or (r["under"] and name != "flushall")
-        print(f"  decisions in the window: {r['decisions']}; digests {sorted(set(d[:12] for d in r['digests']))}",
-              file=sys.stderr)
-        rows.append((name, r))
+        print(f"  {name}: decisions in the window: {r['decisions']}; digests "
+              f"{sorted(set(d[:12] for d in r['digests']))}", file=sys.stderr)
     print()
     print(f"{'case':<14} {'description':<40} {'replicas':>8} {'placements':>10} {'over':>5} {'under':>6} "
           f"{'digests':>7} {'routed':>6} {'hit':>5} {'blind':>5} {'window_s':>8} {'serving_s':>9}")

@@ -23,6 +23,16 @@ pub mod wait;
 pub mod worker;
 
 pub use bridge::{BridgeFlags, RunningBridge};
+
+/// A fresh, empty directory path under the system's temp dir, unique in this process:
+/// `<prefix>-<name>-<pid>-<n>` (not created).
+pub fn temp_dir(prefix: &str, name: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("{prefix}-{name}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
 pub use indexer::TestIndexer;
 pub use port::Port;
 pub use worker::FakeWorker;

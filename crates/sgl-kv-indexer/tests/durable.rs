@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kv_index::Index;
@@ -31,14 +30,7 @@ const CLEAR: i32 = pb::ExternalKvActionType::ActionClearAllAtTier as i32;
 
 /// A fresh, empty directory under the system's temp dir.
 fn temp_dir(name: &str) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "kv-durable-{name}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    kv_testkit::temp_dir("kv-durable", name)
 }
 
 /// What a crash leaves: the directory's files as they are now (every acknowledged record was

@@ -8,7 +8,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kv_index::Index;
@@ -32,14 +31,7 @@ const REPORT: i32 = pb::ExternalKvActionType::ActionReport as i32;
 const REVOKE: i32 = pb::ExternalKvActionType::ActionRevoke as i32;
 
 fn temp_dir(name: &str) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "kv-fleet-{name}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    kv_testkit::temp_dir("kv-fleet", name)
 }
 
 struct Settings {

@@ -464,8 +464,8 @@ impl Stream {
     }
 
     /// Publishes `bytes` as the snapshot at `position` of `epoch` if `replica` still holds the
-    /// lease, deletes the one it replaces and trims the stream below it. Whether it was
-    /// published.
+    /// lease and nothing newer is published, deletes the one it replaces and trims the stream
+    /// below it. Whether it was published.
     pub fn publish(
         &mut self,
         replica: &str,
@@ -473,75 +473,109 @@ impl Stream {
         position: u64,
         bytes: &[u8],
     ) -> Result<bool, StreamError> {
-        let before = self.published()?;
-        if before.as_ref().is_some_and(|b| b.position >= position) {
+        if self
+            .published()?
+            .is_some_and(|before| before.position >= position)
+        {
             return Ok(false);
         }
-        let chunks: Vec<&[u8]> = bytes.chunks(CHUNK_BYTES).collect();
+        let chunks = bytes.len().div_ceil(CHUNK_BYTES) as u64;
+        self.write_chunks(position, bytes)?;
+        match self.commit(replica, epoch, position, chunks, bytes.len() as u64)? {
+            Some(replaced) => {
+                if let Some((old_position, old_chunks)) = replaced {
+                    self.delete_chunks(old_position, old_chunks)?;
+                }
+                self.trim_below(position)?;
+                Ok(true)
+            }
+            // Lost the lease or the epoch, or a newer one was published meanwhile.
+            None => {
+                self.delete_chunks(position, chunks)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Writes the chunks of a snapshot, expiring until [`Stream::commit`] publishes them (a
+    /// crash mid-publish leaves nothing behind for good).
+    fn write_chunks(&mut self, position: u64, bytes: &[u8]) -> Result<(), StreamError> {
         let mut pipe = redis::pipe();
-        for (i, chunk) in chunks.iter().enumerate() {
-            // Expiring until published: a crash mid-publish leaves nothing behind for good.
+        for (i, chunk) in bytes.chunks(CHUNK_BYTES).enumerate() {
             pipe.pset_ex(
                 self.key(&format!("snapshot:{position}:{i}")),
-                *chunk,
+                chunk,
                 UNPUBLISHED_CHUNK_TTL.as_millis() as u64,
             )
             .ignore();
         }
         pipe.query::<()>(&mut self.connection)
-            .map_err(self.config.engine("writing snapshot chunks"))?;
+            .map_err(self.config.engine("writing snapshot chunks"))
+    }
+
+    /// Describes the written chunks as the published snapshot, in one script that checks the
+    /// lease, the epoch and that nothing newer is published. None when it did not publish;
+    /// else the snapshot it replaced (position, chunks), if any.
+    fn commit(
+        &mut self,
+        replica: &str,
+        epoch: &str,
+        position: u64,
+        chunks: u64,
+        bytes: u64,
+    ) -> Result<Option<Option<(u64, u64)>>, StreamError> {
         let script = redis::Script::new(
             r"
-            if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-            if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
-            local newest = tonumber(redis.call('HGET', KEYS[2], 'position') or '-1')
-            if newest >= tonumber(ARGV[3]) then return 0 end
+            if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
+            if redis.call('GET', KEYS[3]) ~= ARGV[2] then return {0} end
+            local old = redis.call('HMGET', KEYS[2], 'position', 'chunks')
+            local newest = tonumber(old[1] or '-1')
+            if newest >= tonumber(ARGV[3]) then return {0} end
             redis.call('HSET', KEYS[2], 'position', ARGV[3], 'epoch', ARGV[2],
                 'chunks', ARGV[4], 'bytes', ARGV[5])
             for i = 0, tonumber(ARGV[4]) - 1 do
                 redis.call('PERSIST', ARGV[6] .. i)
             end
-            return 1",
+            if newest < 0 then return {1} end
+            return {1, newest, tonumber(old[2] or '0')}",
         );
-        let done: i64 = script
+        let answer: Vec<i64> = script
             .key(self.key("lease"))
             .key(self.key("snapshot"))
             .key(self.key("epoch"))
             .arg(replica)
             .arg(epoch)
             .arg(position)
-            .arg(chunks.len())
-            .arg(bytes.len())
+            .arg(chunks)
+            .arg(bytes)
             .arg(self.key(&format!("snapshot:{position}:")))
             .invoke(&mut self.connection)
             .map_err(self.config.engine("publishing the snapshot"))?;
-        let stale = match done {
-            1 => before,
-            // Lost the lease or the epoch meanwhile: drop what was written.
-            _ => Some(Published {
-                position,
-                epoch: epoch.to_owned(),
-                chunks: chunks.len() as u64,
-                bytes: bytes.len() as u64,
-            }),
-        };
-        if let Some(stale) = stale {
-            let keys: Vec<String> = (0..stale.chunks)
-                .map(|i| self.key(&format!("snapshot:{}:{i}", stale.position)))
-                .collect();
-            if !keys.is_empty() {
-                let _: i64 = self
-                    .connection
-                    .del(keys)
-                    .map_err(self.config.engine("deleting an old snapshot"))?;
-            }
+        Ok(match answer.as_slice() {
+            [1] => Some(None),
+            [1, old_position, old_chunks] => Some(Some((*old_position as u64, *old_chunks as u64))),
+            _ => None,
+        })
+    }
+
+    fn delete_chunks(&mut self, position: u64, chunks: u64) -> Result<(), StreamError> {
+        let keys: Vec<String> = (0..chunks)
+            .map(|i| self.key(&format!("snapshot:{position}:{i}")))
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
         }
-        if done != 1 {
-            return Ok(false);
-        }
-        // Keep the newest covered entry (position - 1): the stream's tail stays readable.
-        // Approximate (`~`): the engine trims whole nodes only, quickly, and may keep a few
-        // more entries; never fewer.
+        let _: i64 = self
+            .connection
+            .del(keys)
+            .map_err(self.config.engine("deleting an old snapshot"))?;
+        Ok(())
+    }
+
+    /// Trims the entries a snapshot at `position` covers, keeping the newest of them
+    /// (`position - 1`), so the stream's tail stays readable. Approximate (`~`): the engine
+    /// trims whole nodes only, quickly, and may keep a few more entries; never fewer.
+    fn trim_below(&mut self, position: u64) -> Result<(), StreamError> {
         let _: i64 = redis::cmd("XTRIM")
             .arg(&self.config.key)
             .arg("MINID")
@@ -549,7 +583,7 @@ impl Stream {
             .arg(id(position - 1))
             .query(&mut self.connection)
             .map_err(self.config.engine("trimming (XTRIM)"))?;
-        Ok(true)
+        Ok(())
     }
 
     /// Bytes the engine uses for the stream (`MEMORY USAGE`).
