@@ -252,6 +252,7 @@ fn worker_info(config: &Config, endpoints: Endpoints) -> WorkerInfo {
         capacity_tokens: config.cache.capacity_tokens,
         host_capacity_tokens: config.cache.host_capacity_tokens,
         context_length: config.context_length,
+        stream_interval: config.stream_interval,
     }
 }
 

@@ -339,6 +339,7 @@ async fn flush_cache_is_refused_while_a_request_runs() {
     config.timing = TimeModel {
         prefill_per_token: Duration::ZERO,
         decode_per_token: Duration::from_secs(3600),
+        ..TimeModel::default()
     };
     let worker = worker(config).await;
     let app = worker.router();
@@ -471,4 +472,66 @@ async fn cache_view_lists_the_held_block_hashes_per_tier() {
     // The same view as the scheduler's.
     let held = worker.scheduler().snapshot().await.unwrap().held;
     assert_eq!(held.values().map(|set| set.len()).sum::<usize>(), 4);
+}
+
+#[tokio::test]
+async fn cache_prefix_counts_the_held_leading_pages_per_tier() {
+    let mut config = config();
+    // Room for 2 pages on the device and 8 on the host.
+    config.cache.capacity_tokens = 2 * PAGE;
+    config.cache.host_capacity_tokens = 8 * PAGE;
+    let worker = worker(config).await;
+    let app = worker.router();
+    let hash = HashConfig {
+        block_size: PAGE,
+        bigram: false,
+    };
+    let prefix = |hashes: Vec<i64>| {
+        let app = app.clone();
+        async move {
+            let (status, answer) = post(&app, "/cache_prefix", json!({ "hashes": hashes })).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+            (answer["device_pages"].clone(), answer["host_pages"].clone())
+        }
+    };
+    let first = block_hashes(&ids(0..8), hash, None);
+    assert_eq!(prefix(first.clone()).await, (json!(0), json!(0)));
+    for prompt in [ids(0..9), ids(50..59)] {
+        let body = json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}});
+        assert_eq!(post(&app, "/generate", body).await.0, StatusCode::OK);
+    }
+    // The second prompt took the device: the first one's two pages are on the host.
+    assert_eq!(prefix(first.clone()).await, (json!(0), json!(2)));
+    let second = block_hashes(&ids(50..58), hash, None);
+    assert_eq!(prefix(second.clone()).await, (json!(2), json!(0)));
+    // A prompt continuing the second one: its leading pages only.
+    let longer = block_hashes(&ids(50..62), hash, None);
+    assert_eq!(prefix(longer).await, (json!(2), json!(0)));
+    // Asking changed nothing.
+    assert_eq!(prefix(first).await, (json!(0), json!(2)));
+    let (status, error) = post(&app, "/cache_prefix", json!({"hashes": "x"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+}
+
+#[tokio::test]
+async fn generate_streams_one_chunk_per_stream_interval() {
+    let mut config = config();
+    config.stream_interval = 4;
+    let worker = worker(config).await;
+    let app = worker.router();
+    let response = generate_stream(&app, ids(0..6), 10).await;
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let data = sse_data(&body);
+    let counts: Vec<u64> = data[..data.len() - 1]
+        .iter()
+        .map(|d| {
+            let chunk: Value = serde_json::from_str(d).unwrap();
+            chunk["meta_info"]["completion_tokens"].as_u64().unwrap()
+        })
+        .collect();
+    // The first token at once, then every 4th, then the last with finish_reason.
+    assert_eq!(counts, [1, 4, 8, 10]);
+    assert_eq!(data.last().unwrap(), "[DONE]");
 }

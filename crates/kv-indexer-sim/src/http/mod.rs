@@ -5,7 +5,10 @@
 //! - `GET /server_info` (and `/get_server_info`), `GET /get_model_info`, `GET /v1/models`,
 //!   `GET /health` (and `/health_generate`), `GET|POST /flush_cache`;
 //! - `GET /cache_view`: not SGLang's; the cache's own view (block hashes held per tier, as
-//!   published so far), for tests that compare an index with the worker.
+//!   published so far), for tests that compare an index with the worker;
+//! - `POST /cache_prefix`: not SGLang's either; `{"hashes": [...]}` (a prompt's chained page
+//!   hashes) answers how many leading pages the cache holds on the device and then on the host,
+//!   the router's perfect-knowledge source in benchmarks (`--cache-prefix-provider oracle`).
 //!
 //! Both generation endpoints answer at once or stream server-sent events (`data: {...}`
 //! chunks, then `data: [DONE]`). Every error is a JSON body built in one place,
@@ -20,6 +23,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -51,6 +55,8 @@ pub struct WorkerInfo {
     pub host_capacity_tokens: usize,
     /// Prompt plus output tokens allowed per request.
     pub context_length: usize,
+    /// Output tokens per streamed `/generate` chunk (SGLang's `--stream-interval`).
+    pub stream_interval: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -75,6 +81,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health_generate", get(health))
         .route("/flush_cache", get(flush_cache).post(flush_cache))
         .route("/cache_view", get(cache_view))
+        .route("/cache_prefix", post(cache_prefix))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -292,6 +299,7 @@ async fn server_info(State(state): State<AppState>) -> Json<Value> {
         "max_running_requests": info.max_running,
         "max_total_num_tokens": info.capacity_tokens,
         "context_length": info.context_length,
+        "stream_interval": info.stream_interval,
         "enable_hierarchical_cache": info.host_capacity_tokens > 0,
         "hicache_size_tokens": info.host_capacity_tokens,
         "kv_events_config": kv_events_config.to_string(),
@@ -376,5 +384,26 @@ async fn cache_view(State(state): State<AppState>) -> Result<Json<Value>, HttpEr
             "device_evictions": stats.device_evictions,
             "host_evictions": stats.host_evictions,
         },
+    })))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PrefixBody {
+    hashes: Vec<i64>,
+}
+
+/// The cached prefix of a prompt's page hashes, per tier, as the next admission would find it.
+async fn cache_prefix(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, HttpError> {
+    let body: PrefixBody = parse_body(&body)?;
+    let prefix = state
+        .engine
+        .scheduler()
+        .prefix(body.hashes)
+        .await
+        .map_err(|_| HttpError::Stopped)?;
+    Ok(Json(json!({
+        "page_size": state.info.page_size,
+        "device_pages": prefix.device_pages,
+        "host_pages": prefix.host_pages,
     })))
 }
