@@ -177,7 +177,8 @@ async fn forward(
         prompt_tokens = tokens.len(),
         "routed"
     );
-    let guard = state.workers.start(decision.worker);
+    let prefill_tokens = tokens.len().saturating_sub(decision.matched_tokens);
+    let guard = state.workers.start(decision.worker, prefill_tokens);
     let started = Instant::now();
     let sent = state
         .http
@@ -223,9 +224,10 @@ fn relay(
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     // The load guard lives as long as the body stream: a streamed request stays active until
-    // its last chunk.
+    // its last chunk, and its prefill is done when its first chunk comes.
+    let mut guard = guard;
     let stream = response.bytes_stream().map(move |chunk| {
-        let _active = &guard;
+        guard.prefilled();
         chunk
     });
     let mut reply = Response::new(Body::from_stream(stream));

@@ -147,8 +147,8 @@ impl TestRouter {
 
     fn logs(&self) -> &kv_indexer_router::throttle::DoublingLogs {
         match &self.state.policy {
-            Policy::CacheAwareIndexer { logs, .. } => logs,
-            _ => panic!("not the Indexer policy"),
+            Policy::CacheAware(policy) => &policy.logs,
+            _ => panic!("not the cache-aware policy"),
         }
     }
 }
@@ -226,7 +226,8 @@ async fn with_the_indexer_stopped_requests_are_served_by_load_and_the_fallback_i
 async fn a_worker_url_that_differs_by_a_trailing_slash_gets_no_affinity_and_a_warning() {
     // The bridges announce "http://host:port/", the router knows "http://host:port".
     let fleet = fleet(2, |url| format!("{url}/")).await;
-    let router = router(&fleet).await;
+    // Without the radix tree's second opinion, which would keep the repeats together.
+    let router = router_with(&fleet, &["--conversation-affinity", "false"]).await;
     let tokens = with_suffix(&document(11), 1);
     router.generate(&tokens).await;
     wait::until("a warning about the unmatched address", || async {
@@ -309,4 +310,42 @@ async fn a_tokenizer_that_cannot_load_stops_start_up_naming_the_setting() {
         error.to_string().contains("KV_ROUTER_TOKENIZER_PATH"),
         "{error}"
     );
+}
+
+/// The oracle source reads the workers' own caches (`/cache_prefix`): a prompt goes back to the
+/// worker holding its prefix at once, with no Indexer in the way, and the conversation
+/// affinity signal is not needed for it.
+#[tokio::test]
+async fn the_oracle_routes_by_the_workers_own_cache_views() {
+    let fleet = fleet(3, |url| url.to_string()).await;
+    let router = router_with(
+        &fleet,
+        &[
+            "--cache-prefix-provider",
+            "oracle",
+            "--conversation-affinity",
+            "false",
+        ],
+    )
+    .await;
+    let mut homes = Vec::new();
+    for seed in 21..=23 {
+        let routed = router
+            .post(json!({"input_ids": with_suffix(&document(seed), 1)}))
+            .await;
+        assert_eq!(routed.reason, "no_usable_match");
+        homes.push(routed.worker);
+    }
+    for (seed, home) in (21..=23).zip(&homes) {
+        let routed = router
+            .post(json!({"input_ids": with_suffix(&document(seed), 50)}))
+            .await;
+        assert_eq!(
+            (&routed.worker, routed.reason.as_str()),
+            (home, "cache_hit")
+        );
+        // The whole pages of the shared document: 320 tokens.
+        assert_eq!(routed.cached_tokens, 320);
+    }
+    fleet.stop.cancel();
 }

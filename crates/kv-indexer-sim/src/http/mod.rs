@@ -393,7 +393,10 @@ struct PrefixBody {
 }
 
 /// The cached prefix of a prompt's page hashes, per tier, as the next admission would find it.
-async fn cache_prefix(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, HttpError> {
+async fn cache_prefix(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Json<Value>, HttpError> {
     let body: PrefixBody = parse_body(&body)?;
     let prefix = state
         .engine
