@@ -69,7 +69,7 @@ async fn stuck_worker() -> String {
             "/server_info",
             get(|| async { axum::Json(json!({"kv_events": {"block_size": BLOCK}})) }),
         )
-        .route("/generate", post(|| std::future::pending::<String>()));
+        .route("/generate", post(std::future::pending::<String>));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
