@@ -99,11 +99,13 @@ pub struct Args {
     #[arg(long, env = "KV_ROUTER_CACHE_HIT_WEIGHT_DRAM", default_value_t = 0.75)]
     pub cache_hit_weight_dram: f64,
     /// With an exact source and no usable match, route where the local radix tree sent the
-    /// prompt's prefix before (conversation affinity) before routing by load.
+    /// prompt's prefix before (conversation affinity) before routing by load. Off by default:
+    /// on both Mooncake traces it gained no hits and cost time to first token
+    /// (`bench/routing/decisions.md`).
     #[arg(
         long,
         env = "KV_ROUTER_CONVERSATION_AFFINITY",
-        default_value_t = true,
+        default_value_t = false,
         action = clap::ArgAction::Set
     )]
     pub conversation_affinity: bool,
@@ -292,7 +294,7 @@ mod tests {
         assert_eq!(c.query_timeout, Duration::from_millis(100));
         assert_eq!(c.query_max_inflight, 32);
         assert_eq!(c.selection.min_matched_tokens, 1024);
-        assert!(c.conversation_affinity);
+        assert!(!c.conversation_affinity);
     }
 
     #[test]
@@ -357,7 +359,7 @@ mod tests {
             "--cache-hit-weight-dram",
             "0.8",
             "--conversation-affinity",
-            "false",
+            "true",
         ])
         .unwrap();
         assert_eq!(c.provider, PrefixProvider::Oracle);
@@ -373,7 +375,7 @@ mod tests {
             }
         );
         assert_eq!(c.min_load_choices, 2);
-        assert!(!c.conversation_affinity);
+        assert!(c.conversation_affinity);
     }
 
     #[test]

@@ -235,7 +235,12 @@ impl CacheAware {
                 .map(|w| (w, Reason::Affinity)),
         };
         let (worker, reason) = match primary {
-            Some((worker, _)) if self.selection.guard(load(worker), load(backup)) => {
+            Some((worker, _))
+                if self.selection.guard(
+                    (load(worker), matched_on(worker)),
+                    (load(backup), matched_on(backup)),
+                ) =>
+            {
                 (backup, Reason::PressureGuard)
             }
             Some(chosen) => chosen,

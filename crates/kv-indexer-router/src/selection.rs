@@ -6,9 +6,12 @@
 //! - The **primary** is the usable candidate with the longest match; candidates within
 //!   `--cache-switch-margin-tokens` of it count as tied, and a tie goes to the lower load.
 //! - The **pressure guard**: the primary gives way to the least loaded worker (the backup)
-//!   when its prefill pressure exceeds the backup's by more than
-//!   `--pressure-abs-threshold-tokens` *and* by more than `--pressure-rel-threshold` times,
-//!   so that a hot prefix does not pile onto one worker.
+//!   when its prefill pressure exceeds the backup's by more than the tokens its cache saves
+//!   plus `--pressure-abs-threshold-tokens`, *and* by more than `--pressure-rel-threshold`
+//!   times, so that a hot prefix does not pile onto one worker. Counting the saved tokens
+//!   makes the guard compare estimated prefill waits (queued + own uncached tokens) rather
+//!   than queues alone: with fixed thresholds only, it moved conversations off the workers
+//!   holding them and cost hits (measured in `bench/routing/decisions.md`).
 //!
 //! Load is prefill pressure first (the uncached prompt tokens routed to a worker whose first
 //! token has not come back yet), then active requests, then requests routed so far.
@@ -89,9 +92,13 @@ impl Selection {
             .copied()
     }
 
-    /// Whether the primary's pressure overrules its cache in favour of the backup.
-    pub fn guard(&self, primary: Load, backup: Load) -> bool {
-        primary.pressure.saturating_sub(backup.pressure) > self.pressure_abs_threshold_tokens
+    /// Whether the primary's pressure overrules its cache in favour of the backup, each with
+    /// its load and its matched tokens.
+    pub fn guard(&self, primary: (Load, usize), backup: (Load, usize)) -> bool {
+        let ((primary, primary_matched), (backup, backup_matched)) = (primary, backup);
+        let saved = primary_matched.saturating_sub(backup_matched);
+        primary.pressure.saturating_sub(backup.pressure)
+            > self.pressure_abs_threshold_tokens.saturating_add(saved)
             && primary.pressure as f64 > backup.pressure as f64 * self.pressure_rel_threshold
     }
 }
@@ -181,22 +188,27 @@ mod tests {
     }
 
     #[test]
-    fn the_guard_needs_both_the_absolute_and_the_relative_excess() {
+    fn the_guard_needs_both_the_absolute_and_the_relative_excess_over_the_saving() {
         let s = selection();
-        for (primary, backup, overruled) in [
-            (2001, 1000, true),
-            (2000, 1000, false), // 1,000 over: not more than the absolute threshold
-            (3000, 1600, false), // 1,400 over but less than 2×
-            (1001, 0, true),
-            (1000, 0, false),
-            (0, 0, false),
+        for (primary, backup, saved, overruled) in [
+            (2001, 1000, 0, true),
+            (2000, 1000, 0, false), // 1,000 over: not more than the absolute threshold
+            (3000, 1600, 0, false), // 1,400 over but less than 2×
+            (1001, 0, 0, true),
+            (1000, 0, 0, false),
+            (0, 0, 0, false),
+            // The cache saves 500 tokens: the excess must beat 1,000 + 500.
+            (1501, 0, 500, true),
+            (1500, 0, 500, false),
         ] {
             assert_eq!(
-                s.guard(load(primary), load(backup)),
+                s.guard((load(primary), saved), (load(backup), 0)),
                 overruled,
-                "{primary} vs {backup}"
+                "{primary} vs {backup}, saving {saved}"
             );
         }
+        // A backup holding as much saves nothing by staying.
+        assert!(s.guard((load(1001), 700), (load(0), 700)));
     }
 
     #[test]
