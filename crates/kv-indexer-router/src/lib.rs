@@ -16,7 +16,8 @@
 //! - [`throttle`]: warnings at doubling totals.
 //!
 //! Prompt text becomes token ids through `kv_indexer_client::tokenizer`, the tokenizer the
-//! simulated worker uses too, encoding as SGLang does.
+//! simulated worker uses too, encoding as SGLang does; chat messages become prompt text
+//! through `kv_indexer_client::chat`, the model's chat template, rendered as the worker does.
 
 pub mod app;
 pub mod config;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use kv_common::telemetry::Metrics;
+use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use kv_indexer_client::{ClientConfig, ClientError, IndexerClient};
 use parking_lot::{Mutex, RwLock};
@@ -50,6 +52,8 @@ pub enum RouterError {
     Indexer(#[source] ClientError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    ChatTemplate(#[from] ChatError),
     #[error("building the HTTP client")]
     HttpClient(#[source] reqwest::Error),
     #[error("serving HTTP")]
@@ -97,11 +101,16 @@ pub fn state(
         PolicyName::PowerOfTwo => Policy::PowerOfTwo,
     };
     let tokenizer = Tokenizer::load(TOKENIZER_SETTING, config.tokenizer_path.as_deref())?;
+    let chat = match &config.tokenizer_path {
+        Some(path) => ChatTemplate::load(TOKENIZER_SETTING, path)?,
+        None => None,
+    };
     Ok(Arc::new(AppState {
         workers: Arc::new(Workers::new(&config.worker_urls)),
         policy,
         http,
         tokenizer,
+        chat,
         hashing,
         metrics,
         observe: Default::default(),

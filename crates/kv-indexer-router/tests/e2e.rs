@@ -349,3 +349,83 @@ async fn the_oracle_routes_by_the_workers_own_cache_views() {
     }
     fleet.stop.cancel();
 }
+
+/// A chat request is routed on its rendered chat template, encoded as the worker encodes it
+/// (the template writes `<s>`; no second BOS): the next turn of a conversation goes back to
+/// the worker holding the first turn, which reports the cached tokens.
+#[tokio::test]
+async fn a_chat_turn_goes_to_the_worker_holding_the_conversation_so_far() {
+    let tokenizer = kv_testkit::tokenizer::BosTokenizer::write("router-chat", 1_000);
+    let config = json!({
+        "bos_token": {"content": "<s>", "special": true},
+        "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w999{% endif %}",
+    });
+    std::fs::write(
+        tokenizer.dir.join("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    let sim = SimConfig {
+        tokenizer_path: Some(tokenizer.dir.clone()),
+        ..SimConfig::default()
+    };
+    let fleet = fleet_of(2, |url| url.to_string(), &sim).await;
+    let dir = tokenizer.dir.to_str().unwrap();
+    let router = router_with(
+        &fleet,
+        &["--tokenizer-path", dir, "--conversation-affinity", "false"],
+    )
+    .await;
+    let router = &router;
+    let chat = |messages: Value| async move {
+        let response = router
+            .http
+            .post(format!("{}/v1/chat/completions", router.url))
+            .body(json!({"messages": messages, "max_tokens": 2}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let header = |name| response.headers()[name].to_str().unwrap().to_string();
+        let (worker, reason) = (header("x-routed-worker"), header("x-routing-reason"));
+        let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        (worker, reason, answer["usage"].clone())
+    };
+    let document: String = (0..320).map(|i| format!("w{i} ")).collect();
+    let turn = json!([{"role": "user", "content": document}]);
+    let (first, _, usage) = chat(turn.clone()).await;
+    // <s>, 320 words, w999: the template's BOS only.
+    assert_eq!(usage["prompt_tokens"], 322, "{usage}");
+    kv_testkit::wait::until("the first turn's pages in the index", || async {
+        (fleet.indexer.shared.index_stats().blocks >= 20).then_some(())
+    })
+    .await;
+    let next = json!([
+        {"role": "user", "content": document},
+        {"role": "assistant", "content": "w500"},
+        {"role": "user", "content": "w501"},
+    ]);
+    let (second, reason, usage) = chat(next).await;
+    assert_eq!(
+        (second.as_str(), reason.as_str()),
+        (first.as_str(), "cache_hit")
+    );
+    assert!(
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 320,
+        "{usage}"
+    );
+
+    // Messages the template cannot take are the client's error.
+    let response = router
+        .http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .body(json!({"messages": [{"content": "no role"}]}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    fleet.stop.cancel();
+}

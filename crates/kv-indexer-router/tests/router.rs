@@ -334,7 +334,8 @@ async fn a_prompt_the_tokenizer_cannot_encode_is_refused_with_400() {
 #[tokio::test]
 async fn with_no_usable_match_a_conversation_stays_where_it_went_before() {
     // The Indexer knows nothing (no worker published): only the radix tree remembers.
-    let (_indexer, a, b, router) = two_workers_and_the_indexer(&[]).await;
+    let (_indexer, a, b, router) =
+        two_workers_and_the_indexer(&["--conversation-affinity", "true"]).await;
     let turn = |n: usize| {
         let mut tokens = prompt(6, 64);
         tokens.extend((0..n as u64 * 16).map(|i| 900_000 + i));
@@ -357,9 +358,8 @@ async fn with_no_usable_match_a_conversation_stays_where_it_went_before() {
     assert_ne!(other, first);
     assert!([&a, &b].contains(&&other));
 
-    // Without affinity the turns go by load.
-    let (_indexer, _, _, router) =
-        two_workers_and_the_indexer(&["--conversation-affinity", "false"]).await;
+    // Without affinity (the default) the turns go by load.
+    let (_indexer, _, _, router) = two_workers_and_the_indexer(&[]).await;
     let first = router.generate(turn(0)).await.1;
     assert_ne!(router.generate(turn(1)).await.1, first);
 }
@@ -382,7 +382,7 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
         "1.5",
     ])
     .await;
-    // The stuck worker holds the first 128 of each 256-token prompt: 128 to prefill.
+    // The stuck worker holds the first 128 of each 256-token prompt: 128 to prefill, 128 saved.
     let hot = prompt(8, 256);
     report(&indexer, &stuck, &hot[..128]).await;
     let send = |tokens: Vec<u64>| {
@@ -394,19 +394,29 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
                 .await
         }
     };
-    // The first goes to its cache and stays queued there (128 tokens of pressure: over 100
-    // and over 1.5 × 0)...
+    // Each request goes to its cache and stays queued there, 128 tokens of pressure each,
+    // until the excess over the idle worker beats the 128 tokens the cache saves plus 100.
     let first = tokio::spawn(send(hot.clone()));
     wait::until(
         "the first request to be queued on the stuck worker",
         || async { (router.state.workers.list[1].pressure() == 128).then_some(()) },
     )
     .await;
-    // ... so the next one gives way to the idle worker.
-    let response = send(hot.clone()).await.unwrap();
+    let second = tokio::spawn(send(hot.clone()));
+    wait::until(
+        "the second request to be queued on the stuck worker",
+        || async { (router.state.workers.list[1].pressure() == 256).then_some(()) },
+    )
+    .await;
+    // 256 queued > 100 + 128 saved, and > 1.5 × 0: the next one gives way to the idle worker.
+    let response = tokio::time::timeout(std::time::Duration::from_secs(30), send(hot.clone()))
+        .await
+        .expect("the guard must send the request to the idle worker, which answers")
+        .unwrap();
     assert_eq!(response.headers()["x-routed-worker"], idle.as_str());
     assert_eq!(response.headers()["x-routing-reason"], "pressure_guard");
     first.abort();
+    second.abort();
 
     // Under the threshold the cache wins.
     let router = start_router(&[
@@ -446,4 +456,20 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
     .await;
     pending.abort();
     second.abort();
+}
+
+#[tokio::test]
+async fn a_chat_request_without_a_chat_template_is_refused_with_400() {
+    let a = fake_worker("a").await;
+    let router = start_router(&["--worker-urls", &a, "--policy", "round_robin"]).await;
+    let response = router
+        .http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .body(json!({"messages": [{"role": "user", "content": "hi"}]}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    let body = response.text().await.unwrap();
+    assert!(body.contains("no chat template"), "{body}");
 }

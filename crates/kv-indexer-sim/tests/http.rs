@@ -535,3 +535,139 @@ async fn generate_streams_one_chunk_per_stream_interval() {
     assert_eq!(counts, [1, 4, 8, 10]);
     assert_eq!(data.last().unwrap(), "[DONE]");
 }
+
+/// A model directory: the test's BOS tokenizer and a tokenizer_config.json whose chat template
+/// writes `<s>` itself, then `role content` per message.
+fn chat_model(name: &str) -> kv_testkit::tokenizer::BosTokenizer {
+    let tokenizer = kv_testkit::tokenizer::BosTokenizer::write(name, 100);
+    let config = json!({
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}assistant{% endif %}",
+    });
+    std::fs::write(
+        tokenizer.dir.join("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    tokenizer
+}
+
+#[tokio::test]
+async fn chat_completions_render_the_chat_template_and_share_the_cache() {
+    let model = chat_model("sim-chat");
+    let mut config = config();
+    config.tokenizer_path = Some(model.dir.clone());
+    let worker = worker(config).await;
+    let app = worker.router();
+    let words =
+        |range: std::ops::Range<u32>| range.map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    let first = json!([{"role": "user", "content": words(0..20)}]);
+    let (status, answer) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": first, "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(answer["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        " lorem ipsum dolor"
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    // "<s> user w0 … w19 assistant": one BOS (the template's; none added on encoding).
+    assert_eq!(answer["usage"]["prompt_tokens"], 23);
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+    // The next turn extends the rendered prompt: its leading pages are cached.
+    let second = json!([
+        {"role": "user", "content": words(0..20)},
+        {"role": "assistant", "content": "w50"},
+        {"role": "user", "content": "w51"},
+    ]);
+    let (_, answer) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": second, "max_completion_tokens": 1}),
+    )
+    .await;
+    assert_eq!(answer["usage"]["prompt_tokens"], 27);
+    // 22 tokens ("<s> user w0 … w19 w" … up to "assistant") shared: 5 whole pages of 4.
+    assert_eq!(
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"],
+        20
+    );
+}
+
+#[tokio::test]
+async fn chat_completions_stream_role_then_deltas_usage_and_done() {
+    let model = chat_model("sim-chat-stream");
+    let mut config = config();
+    config.tokenizer_path = Some(model.dir.clone());
+    let worker = worker(config).await;
+    let app = worker.router();
+    let body = json!({"messages": [{"role": "user", "content": "w1"}], "max_tokens": 3,
+                      "stream": true, "stream_options": {"include_usage": true}});
+    let (status, bytes) = call(&app, "POST", "/v1/chat/completions", Some(body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&bytes);
+    assert_eq!(data.len(), 5, "{data:?}");
+    assert_eq!(data[4], "[DONE]");
+    let chunks: Vec<Value> = data[..4]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": " lorem"})
+    );
+    assert_eq!(
+        chunks[1]["choices"][0]["delta"],
+        json!({"content": " ipsum"})
+    );
+    assert_eq!(
+        chunks[2]["choices"][0]["delta"],
+        json!({"content": " dolor"})
+    );
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[3]["choices"], json!([]));
+    assert_eq!(chunks[3]["usage"]["prompt_tokens"], 4);
+}
+
+#[tokio::test]
+async fn chat_completions_without_a_template_or_with_bad_messages_are_refused() {
+    let worker = worker(config()).await;
+    let app = worker.router();
+    let (status, error) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("no chat template"),
+        "{error}"
+    );
+
+    let model = chat_model("sim-chat-bad");
+    let mut config = config();
+    config.tokenizer_path = Some(model.dir.clone());
+    let worker = self::worker(config).await;
+    let app = worker.router();
+    let (status, error) = post(&app, "/v1/chat/completions", json!({"messages": "hi"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("messages must be a list"),
+        "{error}"
+    );
+}

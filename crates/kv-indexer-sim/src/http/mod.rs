@@ -2,6 +2,8 @@
 //!
 //! - `POST /generate`: the native API ([`native`]);
 //! - `POST /v1/completions`: the OpenAI API ([`openai`]);
+//! - `POST /v1/chat/completions`: the OpenAI chat API, the prompt rendered by the model's chat
+//!   template ([`chat`]);
 //! - `GET /server_info` (and `/get_server_info`), `GET /get_model_info`, `GET /v1/models`,
 //!   `GET /health` (and `/health_generate`), `GET|POST /flush_cache`;
 //! - `GET /cache_view`: not SGLang's; the cache's own view (block hashes held per tier, as
@@ -14,6 +16,7 @@
 //! chunks, then `data: [DONE]`). Every error is a JSON body built in one place,
 //! [`HttpError`]'s `IntoResponse`.
 
+pub mod chat;
 pub mod native;
 pub mod openai;
 
@@ -29,6 +32,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
+use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -63,6 +67,8 @@ pub struct WorkerInfo {
 pub struct AppState {
     pub engine: Engine,
     pub tokenizer: Arc<Tokenizer>,
+    /// The chat template of the tokenizer's `tokenizer_config.json`, if it has one.
+    pub chat: Option<Arc<ChatTemplate>>,
     pub info: Arc<WorkerInfo>,
 }
 
@@ -73,6 +79,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/generate", post(native::generate))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
         .route("/get_model_info", get(model_info))
@@ -92,6 +99,8 @@ pub enum HttpError {
     BadRequest(String),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
     #[error("the worker is shutting down")]
     Stopped,
 }
@@ -99,7 +108,7 @@ pub enum HttpError {
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let (status, kind) = match &self {
-            HttpError::BadRequest(_) | HttpError::Tokenizer(_) => {
+            HttpError::BadRequest(_) | HttpError::Tokenizer(_) | HttpError::Chat(_) => {
                 (StatusCode::BAD_REQUEST, "BadRequestError")
             }
             HttpError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError"),
@@ -126,6 +135,8 @@ impl IntoResponse for HttpError {
 pub enum Prompt {
     Text(String),
     Ids(Vec<u64>),
+    /// A rendered chat template: encoded without special tokens.
+    Rendered(String),
 }
 
 impl AppState {
@@ -133,6 +144,7 @@ impl AppState {
     fn request(&self, prompt: Prompt, max_new_tokens: u64) -> Result<GenerateRequest, HttpError> {
         let input_ids = match prompt {
             Prompt::Text(text) => self.tokenizer.encode(&text)?,
+            Prompt::Rendered(text) => self.tokenizer.encode_rendered(&text)?,
             Prompt::Ids(ids) => ids,
         };
         if input_ids.is_empty() {
