@@ -79,14 +79,12 @@ pub struct Args {
         default_value_t = 0
     )]
     pub cache_switch_margin_tokens: usize,
-    /// The pressure guard: a cache choice gives way to the least loaded worker when its
-    /// queued prefill tokens exceed that worker's by more than this many tokens...
-    #[arg(
-        long,
-        env = "KV_ROUTER_PRESSURE_ABS_THRESHOLD_TOKENS",
-        default_value_t = 32_768
-    )]
-    pub pressure_abs_threshold_tokens: usize,
+    /// The pressure guard, off unless set: a cache choice gives way to the least loaded
+    /// worker when its queued prefill tokens exceed that worker's by more than this many tokens
+    /// plus the tokens its cache saves... (Off by default: on both Mooncake traces it cost hits
+    /// and bought no time to first token, `bench/routing/decisions.md`.)
+    #[arg(long, env = "KV_ROUTER_PRESSURE_ABS_THRESHOLD_TOKENS")]
+    pub pressure_abs_threshold_tokens: Option<usize>,
     /// ... and by more than this factor.
     #[arg(long, env = "KV_ROUTER_PRESSURE_REL_THRESHOLD", default_value_t = 1.5)]
     pub pressure_rel_threshold: f64,
@@ -369,7 +367,7 @@ mod tests {
                 min_matched_tokens: 1024,
                 min_match_ratio: 0.25,
                 switch_margin_tokens: 512,
-                pressure_abs_threshold_tokens: 4096,
+                pressure_abs_threshold_tokens: Some(4096),
                 pressure_rel_threshold: 2.0,
                 weights: TierWeights { dram: 0.8 },
             }

@@ -5,13 +5,15 @@
 //!   the prompt.
 //! - The **primary** is the usable candidate with the longest match; candidates within
 //!   `--cache-switch-margin-tokens` of it count as tied, and a tie goes to the lower load.
-//! - The **pressure guard**: the primary gives way to the least loaded worker (the backup)
-//!   when its prefill pressure exceeds the backup's by more than the tokens its cache saves
-//!   plus `--pressure-abs-threshold-tokens`, *and* by more than `--pressure-rel-threshold`
-//!   times, so that a hot prefix does not pile onto one worker. Counting the saved tokens
-//!   makes the guard compare estimated prefill waits (queued + own uncached tokens) rather
-//!   than queues alone: with fixed thresholds only, it moved conversations off the workers
-//!   holding them and cost hits (measured in `bench/routing/decisions.md`).
+//! - The **pressure guard** (off unless `--pressure-abs-threshold-tokens` is set): the primary
+//!   gives way to the least loaded worker (the backup) when its prefill pressure exceeds the
+//!   backup's by more than the tokens its cache saves plus `--pressure-abs-threshold-tokens`,
+//!   *and* by more than `--pressure-rel-threshold` times, so that a hot prefix does not pile
+//!   onto one worker. Counting the saved tokens makes the guard compare estimated prefill
+//!   waits (queued + own uncached tokens) rather than queues alone: with fixed thresholds
+//!   only, it moved conversations off the workers holding them and cost hits. Even so it cost
+//!   hits and bought no time to first token on the Mooncake traces, which have no hot prefix,
+//!   hence off by default (`bench/routing/decisions.md`).
 //!
 //! Load is prefill pressure first (the uncached prompt tokens routed to a worker whose first
 //! token has not come back yet), then active requests, then requests routed so far.
@@ -53,7 +55,8 @@ pub struct Selection {
     pub min_matched_tokens: usize,
     pub min_match_ratio: f64,
     pub switch_margin_tokens: usize,
-    pub pressure_abs_threshold_tokens: usize,
+    /// `None`: no guard.
+    pub pressure_abs_threshold_tokens: Option<usize>,
     pub pressure_rel_threshold: f64,
     pub weights: TierWeights,
 }
@@ -95,10 +98,12 @@ impl Selection {
     /// Whether the primary's pressure overrules its cache in favour of the backup, each with
     /// its load and its matched tokens.
     pub fn guard(&self, primary: (Load, usize), backup: (Load, usize)) -> bool {
+        let Some(threshold) = self.pressure_abs_threshold_tokens else {
+            return false;
+        };
         let ((primary, primary_matched), (backup, backup_matched)) = (primary, backup);
         let saved = primary_matched.saturating_sub(backup_matched);
-        primary.pressure.saturating_sub(backup.pressure)
-            > self.pressure_abs_threshold_tokens.saturating_add(saved)
+        primary.pressure.saturating_sub(backup.pressure) > threshold.saturating_add(saved)
             && primary.pressure as f64 > backup.pressure as f64 * self.pressure_rel_threshold
     }
 }
@@ -112,7 +117,7 @@ mod tests {
             min_matched_tokens: 100,
             min_match_ratio: 0.0,
             switch_margin_tokens: 0,
-            pressure_abs_threshold_tokens: 1000,
+            pressure_abs_threshold_tokens: Some(1000),
             pressure_rel_threshold: 2.0,
             weights: TierWeights { dram: 0.75 },
         }
@@ -209,6 +214,12 @@ mod tests {
         }
         // A backup holding as much saves nothing by staying.
         assert!(s.guard((load(1001), 700), (load(0), 700)));
+        // Without a threshold there is no guard.
+        let off = Selection {
+            pressure_abs_threshold_tokens: None,
+            ..s
+        };
+        assert!(!off.guard((load(1_000_000), 0), (load(0), 0)));
     }
 
     #[test]
