@@ -32,7 +32,8 @@ nothing cached. The simulated GPUs run --speedup times faster than that model (s
                              [--requests 2000] [--out bench/routing]
 
 Writes <out>/results.json, <out>/<trace>.md (the tables) and <out>/<trace>-hit-rate.png,
-<out>/<trace>-ttft-p90.png. Plots need matplotlib (`pip install -r scripts/requirements-bench.txt`;
+<out>/<trace>-ttft-p90.png; a run adds its rows to those of earlier runs in results.json
+(replacing the same policy at the same load), so a variant can be measured later. Plots need matplotlib (`pip install -r scripts/requirements-bench.txt`;
 without it the tables are still written). The binaries are built with cargo (release) into
 $CARGO_TARGET_DIR (default target/).
 """
@@ -387,12 +388,20 @@ def main():
                       file=sys.stderr, flush=True)
                 rows.append(row)
         bound = upper_bound(requests)
-        text = table(rows, bound, capacity, args, trace, model)
         command = "scripts/routing_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        # Rows of earlier runs on the same trace stay, unless this run measured the same
+        # (policy, load) again.
+        earlier = everything.get(trace, {})
+        measured = {(r["policy"], r["load"]) for r in rows}
+        rows = [r for r in earlier.get("rows", []) if (r["policy"], r["load"]) not in measured] + rows
+        rows.sort(key=lambda r: r["load"])
+        commands = earlier.get("commands", [earlier["command"]] if "command" in earlier else [])
+        commands = [c for c in commands if c != command] + [command]
+        text = table(rows, bound, capacity, args, trace, model)
         with open(os.path.join(args.out, f"{trace}.md"), "w") as f:
-            f.write(text + f"\nProduced by `{command}`.\n")
+            f.write(text + "\nProduced by " + " then ".join(f"`{c}`" for c in commands) + ".\n")
         everything[trace] = {"capacity_rps": capacity, "infinite_cache_hit_rate": bound,
-                             "command": command, "rows": rows}
+                             "commands": commands, "rows": rows}
         with open(results_path, "w") as f:
             json.dump(everything, f, indent=1)
         print(text)
