@@ -6,6 +6,8 @@
 //! - [`tokenizer`]: prompt text to token ids as SGLang encodes it (a Hugging Face
 //!   `tokenizer.json` with feature `hf`, else the word tokenizer), shared by the router and the
 //!   simulated worker.
+//! - [`chat`] (feature `chat`): chat messages to prompt text through the model's chat
+//!   template, as SGLang renders it.
 //! - [`endpoint`]: the endpoint list (`http://`, `https://`, `unix:`; replicas in order),
 //!   rejected at start-up when it can never be dialed.
 //! - [`client`]: [`IndexerClient`], lazily connected, with the local admission bound, the
@@ -15,6 +17,8 @@
 //! - [`outcome`]: [`PrefixOutcome`] and the lookup answers; the one place that turns wire
 //!   answers and status codes into them.
 
+#[cfg(feature = "chat")]
+pub mod chat;
 pub mod client;
 pub mod endpoint;
 pub mod hashing;

@@ -94,12 +94,28 @@ impl Tokenizer {
 
     /// Token ids of `text`, special tokens included.
     pub fn encode(&self, text: &str) -> Result<Vec<u64>, TokenizerError> {
+        self.encode_with(text, true)
+    }
+
+    /// Token ids of a rendered chat template: no special tokens added, as
+    /// `apply_chat_template(tokenize=True)` encodes (the template writes its own BOS).
+    pub fn encode_rendered(&self, text: &str) -> Result<Vec<u64>, TokenizerError> {
+        self.encode_with(text, false)
+    }
+
+    #[cfg_attr(not(feature = "hf"), allow(unused_variables))]
+    fn encode_with(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u64>, TokenizerError> {
         match self {
+            // Words have no special tokens.
             Tokenizer::Words => Ok(crate::tokenize::simple_tokenize(text)),
             #[cfg(feature = "hf")]
             Tokenizer::HuggingFace(tokenizer) => {
                 let encoding = tokenizer
-                    .encode(text, true)
+                    .encode(text, add_special_tokens)
                     .map_err(TokenizerError::Encode)?;
                 Ok(encoding.get_ids().iter().map(|&id| u64::from(id)).collect())
             }

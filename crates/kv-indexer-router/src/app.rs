@@ -1,5 +1,7 @@
-//! The HTTP side: SGLang's `/generate` and OpenAI-style `/v1/completions` proxied to the chosen
-//! worker (streams passed through as they arrive), health, and metrics.
+//! The HTTP side: SGLang's `/generate` and OpenAI-style `/v1/completions` and
+//! `/v1/chat/completions` proxied to the chosen worker (streams passed through as they
+//! arrive), health, and metrics. A chat request is routed on the tokens of its rendered chat
+//! template, encoded as the worker encodes them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
 use kv_common::telemetry::Metrics;
+use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::hashing::HashConfig;
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use parking_lot::RwLock;
@@ -27,6 +30,8 @@ pub struct AppState {
     pub policy: Policy,
     pub http: reqwest::Client,
     pub tokenizer: Tokenizer,
+    /// The model's chat template (`tokenizer_config.json` beside the tokenizer), if any.
+    pub chat: Option<ChatTemplate>,
     pub hashing: Arc<RwLock<Option<HashConfig>>>,
     /// Renders `/metrics`; `None` answers 404.
     pub metrics: Option<Metrics>,
@@ -38,6 +43,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/generate", post(generate))
         .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
         .route("/health", get(|| async { "ok" }))
         .route("/v1/models", get(models))
         .route("/metrics", get(render_metrics))
@@ -54,6 +60,8 @@ pub enum AppError {
     BadRequest(&'static str),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
     #[error("no healthy worker")]
     NoHealthyWorker,
     #[error(transparent)]
@@ -71,9 +79,10 @@ pub enum AppError {
 impl AppError {
     pub fn status(&self) -> StatusCode {
         match self {
-            AppError::NotJson | AppError::BadRequest(_) | AppError::Tokenizer(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            AppError::NotJson
+            | AppError::BadRequest(_)
+            | AppError::Tokenizer(_)
+            | AppError::Chat(_) => StatusCode::BAD_REQUEST,
             AppError::NoHealthyWorker | AppError::Rejected(_) => StatusCode::SERVICE_UNAVAILABLE,
             AppError::Worker { .. } => StatusCode::BAD_GATEWAY,
             AppError::MetricsOff => StatusCode::NOT_FOUND,
@@ -129,6 +138,20 @@ async fn completions(
     forward(&state, "/v1/completions", body, &tokens).await
 }
 
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, AppError> {
+    let request = serde_json::from_slice::<Value>(&body).map_err(|_| AppError::NotJson)?;
+    let messages = request
+        .get("messages")
+        .ok_or(AppError::BadRequest("messages is required"))?;
+    let template = state.chat.as_ref().ok_or(ChatError::Missing)?;
+    let text = template.render(messages, request.get("tools"), true)?;
+    let tokens = state.tokenizer.encode_rendered(&text)?;
+    forward(&state, "/v1/chat/completions", body, &tokens).await
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(
         serde_json::json!({"object": "list", "data": [{"id": state.model_id, "object": "model"}]}),
@@ -177,7 +200,8 @@ async fn forward(
         prompt_tokens = tokens.len(),
         "routed"
     );
-    let guard = state.workers.start(decision.worker);
+    let prefill_tokens = tokens.len().saturating_sub(decision.matched_tokens);
+    let guard = state.workers.start(decision.worker, prefill_tokens);
     let started = Instant::now();
     let sent = state
         .http
@@ -223,9 +247,10 @@ fn relay(
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     // The load guard lives as long as the body stream: a streamed request stays active until
-    // its last chunk.
+    // its last chunk, and its prefill is done when its first chunk comes.
+    let mut guard = guard;
     let stream = response.bytes_stream().map(move |chunk| {
-        let _active = &guard;
+        guard.prefilled();
         chunk
     });
     let mut reply = Response::new(Body::from_stream(stream));

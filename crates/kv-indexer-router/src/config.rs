@@ -9,6 +9,8 @@ use kv_indexer_client::ClientSecurity;
 use kv_indexer_client::SecurityError;
 use kv_indexer_client::endpoint::{Endpoint, EndpointError};
 
+use crate::selection::{Selection, TierWeights};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
 pub enum PolicyName {
@@ -23,6 +25,9 @@ pub enum PolicyName {
 pub enum PrefixProvider {
     Indexer,
     RadixTree,
+    /// The workers' own cache views (`POST /cache_prefix`, served by `kv-indexer-sim`): the
+    /// perfect-knowledge ceiling for benchmarks.
+    Oracle,
 }
 
 /// A cache-aware HTTP router for SGLang workers, using the KV Indexer as its cache signal.
@@ -59,6 +64,49 @@ pub struct Args {
         default_value_t = 1024
     )]
     pub cache_affinity_min_matched_tokens: usize,
+    /// A match covering less than this share of the prompt is not worth routing for.
+    #[arg(
+        long,
+        env = "KV_ROUTER_CACHE_AFFINITY_MIN_MATCH_RATIO",
+        default_value_t = 0.0
+    )]
+    pub cache_affinity_min_match_ratio: f64,
+    /// Matches within this many tokens of the longest count as tied; ties go to the lower
+    /// load.
+    #[arg(
+        long,
+        env = "KV_ROUTER_CACHE_SWITCH_MARGIN_TOKENS",
+        default_value_t = 0
+    )]
+    pub cache_switch_margin_tokens: usize,
+    /// The pressure guard, off unless set: a cache choice gives way to the least loaded
+    /// worker when its queued prefill tokens exceed that worker's by more than this many tokens
+    /// plus the tokens its cache saves... (Off by default: on both Mooncake traces it cost hits
+    /// and bought no time to first token, `bench/routing/decisions.md`.)
+    #[arg(long, env = "KV_ROUTER_PRESSURE_ABS_THRESHOLD_TOKENS")]
+    pub pressure_abs_threshold_tokens: Option<usize>,
+    /// ... and by more than this factor.
+    #[arg(long, env = "KV_ROUTER_PRESSURE_REL_THRESHOLD", default_value_t = 1.5)]
+    pub pressure_rel_threshold: f64,
+    /// Routing by load picks the least loaded of this many workers drawn at random (0: of
+    /// all).
+    #[arg(long, env = "KV_ROUTER_MIN_LOAD_CHOICES", default_value_t = 0)]
+    pub min_load_choices: usize,
+    /// What a prefix hit on the host tier (DRAM) is worth against one in HBM (peers use
+    /// 0.75-0.8). Only sources that know tiers use it (the Indexer's prefix answer does not).
+    #[arg(long, env = "KV_ROUTER_CACHE_HIT_WEIGHT_DRAM", default_value_t = 0.75)]
+    pub cache_hit_weight_dram: f64,
+    /// With an exact source and no usable match, route where the local radix tree sent the
+    /// prompt's prefix before (conversation affinity) before routing by load. Off by default:
+    /// on both Mooncake traces it gained no hits and cost time to first token
+    /// (`bench/routing/decisions.md`).
+    #[arg(
+        long,
+        env = "KV_ROUTER_CONVERSATION_AFFINITY",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub conversation_affinity: bool,
     /// A `tokenizer.json`, or a directory holding one, encoding with special tokens as SGLang
     /// does; one that cannot load stops start-up. Without it text uses the built-in
     /// deterministic tokenizer (the simulated worker's).
@@ -86,7 +134,9 @@ pub struct RouterConfig {
     pub indexer: Option<Vec<Endpoint>>,
     pub query_timeout: Duration,
     pub query_max_inflight: usize,
-    pub min_matched_tokens: usize,
+    pub selection: Selection,
+    pub min_load_choices: usize,
+    pub conversation_affinity: bool,
     pub tokenizer_path: Option<PathBuf>,
     pub model_id: String,
     pub radix_max_tokens: usize,
@@ -111,6 +161,13 @@ pub enum ConfigError {
     Security(#[source] SecurityError),
     #[error("--worker-urls (KV_ROUTER_WORKER_URLS): {url:?} is not an http(s)://host:port URL")]
     WorkerUrl { url: String },
+    #[error("--{flag} ({variable}) {value}: {reason}")]
+    OutOfRange {
+        flag: &'static str,
+        variable: &'static str,
+        value: f64,
+        reason: &'static str,
+    },
 }
 
 impl RouterConfig {
@@ -139,6 +196,49 @@ impl RouterConfig {
                 return Err(ConfigError::WorkerUrl { url: url.clone() });
             }
         }
+        let check = |flag, variable, value: f64, ok: bool, reason| {
+            if ok {
+                Ok(value)
+            } else {
+                Err(ConfigError::OutOfRange {
+                    flag,
+                    variable,
+                    value,
+                    reason,
+                })
+            }
+        };
+        let ratio = args.cache_affinity_min_match_ratio;
+        let rel = args.pressure_rel_threshold;
+        let dram = args.cache_hit_weight_dram;
+        let selection = Selection {
+            min_matched_tokens: args.cache_affinity_min_matched_tokens,
+            min_match_ratio: check(
+                "cache-affinity-min-match-ratio",
+                "KV_ROUTER_CACHE_AFFINITY_MIN_MATCH_RATIO",
+                ratio,
+                (0.0..=1.0).contains(&ratio),
+                "must be between 0 and 1",
+            )?,
+            switch_margin_tokens: args.cache_switch_margin_tokens,
+            pressure_abs_threshold_tokens: args.pressure_abs_threshold_tokens,
+            pressure_rel_threshold: check(
+                "pressure-rel-threshold",
+                "KV_ROUTER_PRESSURE_REL_THRESHOLD",
+                rel,
+                rel.is_finite() && rel >= 1.0,
+                "must be a finite number, at least 1",
+            )?,
+            weights: TierWeights {
+                dram: check(
+                    "cache-hit-weight-dram",
+                    "KV_ROUTER_CACHE_HIT_WEIGHT_DRAM",
+                    dram,
+                    (0.0..=1.0).contains(&dram),
+                    "must be between 0 and 1",
+                )?,
+            },
+        };
         Ok(RouterConfig {
             worker_urls: args.worker_urls.clone(),
             policy: args.policy,
@@ -146,7 +246,9 @@ impl RouterConfig {
             indexer,
             query_timeout: Duration::from_millis(args.kv_indexer_query_timeout_ms),
             query_max_inflight: args.kv_indexer_query_max_inflight as usize,
-            min_matched_tokens: args.cache_affinity_min_matched_tokens,
+            selection,
+            min_load_choices: args.min_load_choices,
+            conversation_affinity: args.conversation_affinity,
             tokenizer_path: args.tokenizer_path.clone(),
             model_id: args.model_id.clone(),
             radix_max_tokens: args.radix_max_tokens,
@@ -189,7 +291,8 @@ mod tests {
         assert_eq!(c.worker_urls, ["http://a:1", "http://b:2"]);
         assert_eq!(c.query_timeout, Duration::from_millis(100));
         assert_eq!(c.query_max_inflight, 32);
-        assert_eq!(c.min_matched_tokens, 1024);
+        assert_eq!(c.selection.min_matched_tokens, 1024);
+        assert!(!c.conversation_affinity);
     }
 
     #[test]
@@ -232,6 +335,45 @@ mod tests {
         ])
         .unwrap_err();
         assert!(error.contains("--indexer-client-key"), "{error}");
+    }
+
+    #[test]
+    fn reads_the_selection_settings() {
+        let c = config(&[
+            "--worker-urls",
+            "http://a:1",
+            "--cache-prefix-provider",
+            "oracle",
+            "--cache-affinity-min-match-ratio",
+            "0.25",
+            "--cache-switch-margin-tokens",
+            "512",
+            "--pressure-abs-threshold-tokens",
+            "4096",
+            "--pressure-rel-threshold",
+            "2",
+            "--min-load-choices",
+            "2",
+            "--cache-hit-weight-dram",
+            "0.8",
+            "--conversation-affinity",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(c.provider, PrefixProvider::Oracle);
+        assert_eq!(
+            c.selection,
+            Selection {
+                min_matched_tokens: 1024,
+                min_match_ratio: 0.25,
+                switch_margin_tokens: 512,
+                pressure_abs_threshold_tokens: Some(4096),
+                pressure_rel_threshold: 2.0,
+                weights: TierWeights { dram: 0.8 },
+            }
+        );
+        assert_eq!(c.min_load_choices, 2);
+        assert!(c.conversation_affinity);
     }
 
     #[test]
@@ -297,6 +439,42 @@ mod tests {
             (
                 &["--worker-urls", "http://a:1", "--policy", "fastest"][..],
                 "--policy",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--cache-affinity-min-match-ratio",
+                    "1.5",
+                ][..],
+                "--cache-affinity-min-match-ratio (KV_ROUTER_CACHE_AFFINITY_MIN_MATCH_RATIO) 1.5",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--pressure-rel-threshold",
+                    "0.5",
+                ][..],
+                "--pressure-rel-threshold",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--cache-hit-weight-dram",
+                    "NaN",
+                ][..],
+                "--cache-hit-weight-dram",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--conversation-affinity",
+                    "maybe",
+                ][..],
+                "--conversation-affinity",
             ),
             (
                 &[

@@ -3,22 +3,29 @@
 //!
 //! - [`config`]: flags and variables (the SGLang router's quickstart flags);
 //! - [`workers`]: registry, health checks, active requests;
-//! - [`policy`]: choosing a worker (cache-aware on the Indexer or the radix tree, round robin,
-//!   random, power of two), with every Indexer failure falling back to load;
-//! - [`radix`]: the local approximate radix tree;
+//! - [`policy`]: choosing a worker (cache-aware on the Indexer, the radix tree or the
+//!   workers' own views, round robin, random, power of two), with every Indexer failure
+//!   falling back to load;
+//! - [`selection`]: the cache-aware rules, pure (usable matches, near-ties, the pressure guard);
+//! - [`radix`]: the local approximate radix tree (a source, and the conversation affinity
+//!   signal beside an exact source);
+//! - [`oracle`]: the workers' own cache views as a source, for benchmarks;
 //! - [`app`]: the proxied HTTP routes, and the one place that picks the router's own HTTP
 //!   status codes ([`app::AppError`]);
 //! - [`observe`]: metrics handles, registered once per label set;
 //! - [`throttle`]: warnings at doubling totals.
 //!
 //! Prompt text becomes token ids through `kv_indexer_client::tokenizer`, the tokenizer the
-//! simulated worker uses too, encoding as SGLang does.
+//! simulated worker uses too, encoding as SGLang does; chat messages become prompt text
+//! through `kv_indexer_client::chat`, the model's chat template, rendered as the worker does.
 
 pub mod app;
 pub mod config;
 pub mod observe;
+pub mod oracle;
 pub mod policy;
 pub mod radix;
+pub mod selection;
 pub mod throttle;
 pub mod workers;
 
@@ -26,6 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use kv_common::telemetry::Metrics;
+use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use kv_indexer_client::{ClientConfig, ClientError, IndexerClient};
 use parking_lot::{Mutex, RwLock};
@@ -33,7 +41,7 @@ use tokio::net::TcpListener;
 
 use crate::app::AppState;
 use crate::config::{PolicyName, PrefixProvider, RouterConfig, TOKENIZER_SETTING};
-use crate::policy::Policy;
+use crate::policy::{CacheAware, Policy, PrefixSource};
 use crate::radix::RadixTree;
 use crate::workers::Workers;
 
@@ -44,6 +52,8 @@ pub enum RouterError {
     Indexer(#[source] ClientError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    ChatTemplate(#[from] ChatError),
     #[error("building the HTTP client")]
     HttpClient(#[source] reqwest::Error),
     #[error("serving HTTP")]
@@ -57,36 +67,50 @@ pub fn state(
     metrics: Option<Metrics>,
 ) -> Result<Arc<AppState>, RouterError> {
     let hashing = Arc::new(RwLock::new(None));
-    let policy = match (config.policy, config.provider, &config.indexer) {
-        (PolicyName::CacheAware, PrefixProvider::Indexer, Some(endpoints)) => {
-            let mut client_config = ClientConfig::new(endpoints.clone());
-            client_config.query_timeout = config.query_timeout;
-            client_config.max_inflight = config.query_max_inflight;
-            client_config.security = config.indexer_security.clone();
-            Policy::CacheAwareIndexer {
-                client: IndexerClient::new(client_config).map_err(RouterError::Indexer)?,
+    let http = reqwest::Client::builder()
+        .build()
+        .map_err(RouterError::HttpClient)?;
+    let policy = match config.policy {
+        PolicyName::CacheAware => {
+            let source = match (config.provider, &config.indexer) {
+                (PrefixProvider::Indexer, Some(endpoints)) => {
+                    let mut client_config = ClientConfig::new(endpoints.clone());
+                    client_config.query_timeout = config.query_timeout;
+                    client_config.max_inflight = config.query_max_inflight;
+                    client_config.security = config.indexer_security.clone();
+                    PrefixSource::Indexer {
+                        client: IndexerClient::new(client_config).map_err(RouterError::Indexer)?,
+                        metrics: Default::default(),
+                    }
+                }
+                (PrefixProvider::Oracle, _) => PrefixSource::Oracle { http: http.clone() },
+                _ => PrefixSource::Radix,
+            };
+            let with_tree = matches!(source, PrefixSource::Radix) || config.conversation_affinity;
+            Policy::CacheAware(Box::new(CacheAware {
+                source,
                 hashing: hashing.clone(),
-                min_matched_tokens: config.min_matched_tokens,
+                tree: with_tree.then(|| Mutex::new(RadixTree::new(config.radix_max_tokens))),
+                selection: config.selection,
+                min_load_choices: config.min_load_choices,
                 logs: Default::default(),
-                metrics: Default::default(),
-            }
+            }))
         }
-        (PolicyName::CacheAware, _, _) => Policy::CacheAwareRadix {
-            tree: Mutex::new(RadixTree::new(config.radix_max_tokens)),
-            min_matched_tokens: config.min_matched_tokens,
-        },
-        (PolicyName::RoundRobin, _, _) => Policy::RoundRobin(AtomicUsize::new(0)),
-        (PolicyName::Random, _, _) => Policy::Random,
-        (PolicyName::PowerOfTwo, _, _) => Policy::PowerOfTwo,
+        PolicyName::RoundRobin => Policy::RoundRobin(AtomicUsize::new(0)),
+        PolicyName::Random => Policy::Random,
+        PolicyName::PowerOfTwo => Policy::PowerOfTwo,
     };
     let tokenizer = Tokenizer::load(TOKENIZER_SETTING, config.tokenizer_path.as_deref())?;
+    let chat = match &config.tokenizer_path {
+        Some(path) => ChatTemplate::load(TOKENIZER_SETTING, path)?,
+        None => None,
+    };
     Ok(Arc::new(AppState {
         workers: Arc::new(Workers::new(&config.worker_urls)),
         policy,
-        http: reqwest::Client::builder()
-            .build()
-            .map_err(RouterError::HttpClient)?,
+        http,
         tokenizer,
+        chat,
         hashing,
         metrics,
         observe: Default::default(),

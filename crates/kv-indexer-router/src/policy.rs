@@ -1,6 +1,16 @@
-//! Choosing a worker for a request: `cache_aware` on the Indexer or on the local radix tree,
-//! `round_robin`, `random` and `power_of_two`. Every Indexer failure falls back to the least
-//! loaded worker: losing the Indexer costs cache affinity, never availability.
+//! Choosing a worker for a request: `cache_aware` on a prefix source (the Indexer, the local
+//! radix tree, or, in benchmarks, the workers' own cache views), `round_robin`, `random` and
+//! `power_of_two`. Every Indexer failure falls back to load: losing the Indexer costs cache
+//! affinity, never availability.
+//!
+//! `cache_aware`, in order (the rules are [`crate::selection`]'s):
+//! 1. the usable exact match (tier-weighted) with the longest prefix, near-ties by load;
+//! 2. else, with conversation affinity on, the worker the local radix tree last sent this
+//!    prompt's longest prefix to (where the conversation went before);
+//! 3. else the least loaded worker (prefill pressure first).
+//!
+//! A choice made on cache in 1 or 2 gives way to the least loaded worker when the pressure
+//! guard says it is materially more loaded.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,25 +20,32 @@ use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::{IndexerClient, PrefixMatch, PrefixOutcome};
 use parking_lot::{Mutex, RwLock};
 use rand::Rng;
+use rand::seq::IndexedRandom;
 use tracing::warn;
 
 use crate::observe::IndexerMetrics;
+use crate::oracle;
 use crate::radix::RadixTree;
+use crate::selection::{Candidate, Selection};
 use crate::throttle::DoublingLogs;
 use crate::workers::Workers;
 
 /// Why a worker was chosen: a metrics label and part of the routing log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
-    /// The longest usable Indexer match.
+    /// The longest usable exact match (the Indexer's or the workers' own).
     CacheHit,
-    /// The Indexer answered, but no healthy worker holds a usable prefix.
+    /// No usable exact match: where the radix tree sent this prompt's prefix before.
+    Affinity,
+    /// The cache choice was materially more loaded than the least loaded worker.
+    PressureGuard,
+    /// The exact source answered, but no healthy worker holds a usable prefix.
     NoUsableMatch,
     /// The Indexer could not answer (the outcome's label says why).
     IndexerFallback(&'static str),
     /// The block size is not known yet (no worker's `/server_info` answered).
     HashingUnknown,
-    /// The local radix tree's longest match.
+    /// The local radix tree's longest match (the tree as the only source).
     RadixHit,
     RadixMiss,
     RoundRobin,
@@ -40,6 +57,8 @@ impl Reason {
     pub fn label(self) -> &'static str {
         match self {
             Reason::CacheHit => "cache_hit",
+            Reason::Affinity => "affinity",
+            Reason::PressureGuard => "pressure_guard",
             Reason::NoUsableMatch => "no_usable_match",
             Reason::IndexerFallback(outcome) => outcome,
             Reason::HashingUnknown => "hashing_unknown",
@@ -74,19 +93,35 @@ pub struct Rejected {
     pub message: String,
 }
 
-pub enum Policy {
-    CacheAwareIndexer {
+/// Where `cache_aware` learns which worker holds what.
+pub enum PrefixSource {
+    /// The Indexer's longest-prefix answer (no tiers: every matched block counts as HBM).
+    Indexer {
         client: IndexerClient,
-        /// Learned from the first worker's `/server_info`.
-        hashing: Arc<RwLock<Option<HashConfig>>>,
-        min_matched_tokens: usize,
-        logs: DoublingLogs,
         metrics: IndexerMetrics,
     },
-    CacheAwareRadix {
-        tree: Mutex<RadixTree>,
-        min_matched_tokens: usize,
-    },
+    /// Each worker's own view (`POST /cache_prefix`, served by `kv-indexer-sim`): perfect,
+    /// instant knowledge, the ceiling benchmarks measure the Indexer against.
+    Oracle { http: reqwest::Client },
+    /// The local radix tree of prompts routed so far.
+    Radix,
+}
+
+pub struct CacheAware {
+    pub source: PrefixSource,
+    /// Learned from the first worker's `/server_info` (the exact sources hash with it).
+    pub hashing: Arc<RwLock<Option<HashConfig>>>,
+    /// The radix tree: the source itself for [`PrefixSource::Radix`], else the conversation
+    /// affinity signal (`None`: affinity off).
+    pub tree: Option<Mutex<RadixTree>>,
+    pub selection: Selection,
+    /// The least loaded worker is picked among this many drawn at random (0: all).
+    pub min_load_choices: usize,
+    pub logs: DoublingLogs,
+}
+
+pub enum Policy {
+    CacheAware(Box<CacheAware>),
     RoundRobin(AtomicUsize),
     Random,
     PowerOfTwo,
@@ -101,9 +136,9 @@ impl Policy {
         tokens: &[u64],
     ) -> Result<Option<Decision>, Rejected> {
         let routable = workers.routable();
-        let Some(least) = workers.least_loaded(&routable) else {
+        if routable.is_empty() {
             return Ok(None);
-        };
+        }
         let decision = match self {
             Policy::RoundRobin(next) => {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -114,34 +149,7 @@ impl Policy {
                 Reason::Random,
             ),
             Policy::PowerOfTwo => power_of_two(workers, &routable),
-            Policy::CacheAwareRadix {
-                tree,
-                min_matched_tokens,
-            } => radix(workers, tree, *min_matched_tokens, tokens, least),
-            Policy::CacheAwareIndexer {
-                client,
-                hashing,
-                min_matched_tokens,
-                logs,
-                metrics,
-            } => {
-                let Some(config) = *hashing.read() else {
-                    return Ok(Some(Decision::plain(least, Reason::HashingUnknown)));
-                };
-                let hashes = block_hashes(tokens, config, None);
-                let start = Instant::now();
-                let outcome = client.longest_prefix(&hashes).await;
-                metrics.query(outcome.label(), start.elapsed().as_secs_f64());
-                let answer = IndexerAnswer {
-                    workers,
-                    tokens,
-                    query_blocks: hashes.len(),
-                    least,
-                    min_matched_tokens: *min_matched_tokens,
-                    logs,
-                };
-                answer.decide(outcome)?
-            }
+            Policy::CacheAware(policy) => policy.choose(workers, &routable, tokens).await?,
         };
         Ok(Some(decision))
     }
@@ -160,7 +168,7 @@ impl Decision {
     }
 }
 
-/// The less loaded of two routable workers drawn at random.
+/// The less loaded (in active requests) of two routable workers drawn at random.
 fn power_of_two(workers: &Workers, routable: &[usize]) -> Decision {
     let mut rng = rand::rng();
     let a = routable[rng.random_range(0..routable.len())];
@@ -173,92 +181,217 @@ fn power_of_two(workers: &Workers, routable: &[usize]) -> Decision {
     Decision::plain(chosen, Reason::PowerOfTwo)
 }
 
-/// The local radix tree's longest usable match, else `least`; the prompt is then remembered
-/// for the chosen worker.
-fn radix(
-    workers: &Workers,
-    tree: &Mutex<RadixTree>,
-    min_matched_tokens: usize,
-    tokens: &[u64],
-    least: usize,
-) -> Decision {
-    let mut tree = tree.lock();
-    let (matched, holders) = tree.longest_match(tokens, |w| workers.list[w].is_routable());
-    // As with the Indexer: the longest usable match wins, ties by load.
-    let decision = match workers.least_loaded(&holders) {
-        Some(worker) if matched > 0 && matched >= min_matched_tokens => Decision {
-            worker,
-            reason: Reason::RadixHit,
-            matched_blocks: 0,
-            query_blocks: 0,
-            matched_tokens: matched,
-        },
-        _ => Decision::plain(least, Reason::RadixMiss),
-    };
-    tree.insert(tokens, decision.worker);
-    decision
-}
-
-/// What turns the Indexer's outcome for one prompt into a decision.
-struct IndexerAnswer<'a> {
-    workers: &'a Workers,
-    tokens: &'a [u64],
-    /// Blocks in the query as hashed (the outcome may report its own count).
+/// What the exact source said about one prompt.
+struct Exact {
+    candidates: Vec<Candidate>,
+    /// The reason when no candidate is usable.
+    miss: Reason,
+    matched_blocks: Vec<(usize, u32)>,
     query_blocks: usize,
-    least: usize,
-    min_matched_tokens: usize,
-    logs: &'a DoublingLogs,
 }
 
-impl IndexerAnswer<'_> {
-    fn decide(&self, outcome: PrefixOutcome) -> Result<Decision, Rejected> {
-        Ok(match outcome {
+impl Exact {
+    fn none(miss: Reason) -> Exact {
+        Exact {
+            candidates: Vec::new(),
+            miss,
+            matched_blocks: Vec::new(),
+            query_blocks: 0,
+        }
+    }
+}
+
+impl CacheAware {
+    async fn choose(
+        &self,
+        workers: &Workers,
+        routable: &[usize],
+        tokens: &[u64],
+    ) -> Result<Decision, Rejected> {
+        let exact = match &self.source {
+            PrefixSource::Radix => self.radix_candidates(workers, tokens),
+            source => self.exact(source, workers, routable, tokens).await?,
+        };
+        let load = |w: usize| workers.list[w].load();
+        let backup = self.least_loaded(workers, routable);
+        let matched_on = |w: usize| {
+            exact
+                .candidates
+                .iter()
+                .find(|c| c.worker == w)
+                .map_or(0, |c| c.matched_tokens)
+        };
+        let hit = match self.source {
+            PrefixSource::Radix => Reason::RadixHit,
+            _ => Reason::CacheHit,
+        };
+        let primary = match self
+            .selection
+            .primary(&exact.candidates, tokens.len(), load)
+        {
+            Some(candidate) => Some((candidate.worker, hit)),
+            None => self
+                .affinity(workers, tokens)
+                .map(|w| (w, Reason::Affinity)),
+        };
+        let (worker, reason) = match primary {
+            Some((worker, _))
+                if self.selection.guard(
+                    (load(worker), matched_on(worker)),
+                    (load(backup), matched_on(backup)),
+                ) =>
+            {
+                (backup, Reason::PressureGuard)
+            }
+            Some(chosen) => chosen,
+            None => {
+                if let Some(total) = self.logs.no_usable_match.record()
+                    && exact.miss == Reason::NoUsableMatch
+                {
+                    warn!(total, "no usable cache match; routing by load");
+                }
+                (backup, exact.miss)
+            }
+        };
+        if let Some(tree) = &self.tree {
+            tree.lock().insert(tokens, worker);
+        }
+        Ok(Decision {
+            worker,
+            reason,
+            matched_blocks: exact
+                .matched_blocks
+                .iter()
+                .find(|(w, _)| *w == worker)
+                .map_or(0, |(_, blocks)| *blocks),
+            query_blocks: exact.query_blocks,
+            matched_tokens: matched_on(worker),
+        })
+    }
+
+    /// The least loaded routable worker, among `min_load_choices` drawn at random when set.
+    fn least_loaded(&self, workers: &Workers, routable: &[usize]) -> usize {
+        let pool: Vec<usize> =
+            if self.min_load_choices == 0 || self.min_load_choices >= routable.len() {
+                routable.to_vec()
+            } else {
+                routable
+                    .choose_multiple(&mut rand::rng(), self.min_load_choices)
+                    .copied()
+                    .collect()
+            };
+        workers.least_loaded(&pool).expect("routable is not empty")
+    }
+
+    /// The radix tree as the source: its longest match, every holder a candidate.
+    fn radix_candidates(&self, workers: &Workers, tokens: &[u64]) -> Exact {
+        let tree = self.tree.as_ref().expect("the radix source has its tree");
+        let (matched, holders) = tree
+            .lock()
+            .longest_match(tokens, |w| workers.list[w].is_routable());
+        Exact {
+            candidates: holders
+                .into_iter()
+                .map(|worker| Candidate {
+                    worker,
+                    matched_tokens: matched,
+                })
+                .collect(),
+            ..Exact::none(Reason::RadixMiss)
+        }
+    }
+
+    /// Conversation affinity: the least loaded of the workers the tree last sent this
+    /// prompt's longest (usable) prefix to, when the exact source is not the tree itself.
+    fn affinity(&self, workers: &Workers, tokens: &[u64]) -> Option<usize> {
+        if matches!(self.source, PrefixSource::Radix) {
+            return None;
+        }
+        let (matched, holders) = self
+            .tree
+            .as_ref()?
+            .lock()
+            .longest_match(tokens, |w| workers.list[w].is_routable());
+        if !self.selection.usable(matched, tokens.len()) {
+            return None;
+        }
+        workers.least_loaded(&holders)
+    }
+
+    /// Asks the Indexer or the workers.
+    async fn exact(
+        &self,
+        source: &PrefixSource,
+        workers: &Workers,
+        routable: &[usize],
+        tokens: &[u64],
+    ) -> Result<Exact, Rejected> {
+        let Some(config) = *self.hashing.read() else {
+            return Ok(Exact::none(Reason::HashingUnknown));
+        };
+        let hashes = block_hashes(tokens, config, None);
+        match source {
+            PrefixSource::Indexer { client, metrics } => {
+                let start = Instant::now();
+                let outcome = client.longest_prefix(&hashes).await;
+                metrics.query(outcome.label(), start.elapsed().as_secs_f64());
+                self.indexer_answer(workers, tokens, hashes.len(), outcome)
+            }
+            PrefixSource::Oracle { http } => {
+                let views = oracle::cached_prefixes(http, workers, routable, &hashes).await;
+                let candidates = views
+                    .into_iter()
+                    .map(|(worker, prefix)| Candidate {
+                        worker,
+                        matched_tokens: self
+                            .selection
+                            .weights
+                            .weigh(
+                                prefix.device_pages * config.block_size,
+                                prefix.host_pages * config.block_size,
+                            )
+                            .min(tokens.len()),
+                    })
+                    .collect();
+                Ok(Exact {
+                    candidates,
+                    query_blocks: hashes.len(),
+                    ..Exact::none(Reason::NoUsableMatch)
+                })
+            }
+            PrefixSource::Radix => unreachable!("the radix tree is not an exact source"),
+        }
+    }
+
+    /// The Indexer's outcome as candidates: matched tokens ≈ prompt tokens × matched blocks ÷
+    /// query blocks, for routable workers whose URL is the answer's address byte for byte.
+    fn indexer_answer(
+        &self,
+        workers: &Workers,
+        tokens: &[u64],
+        hashed_blocks: usize,
+        outcome: PrefixOutcome,
+    ) -> Result<Exact, Rejected> {
+        let (matches, query_blocks): (Vec<PrefixMatch>, usize) = match outcome {
             PrefixOutcome::Matched {
                 matches,
                 query_blocks,
                 ..
-            } => self.matched(&matches, query_blocks),
-            PrefixOutcome::NoMatch => self.no_usable_match(self.query_blocks),
-            PrefixOutcome::Rejected { code, message } => {
-                return Err(Rejected { code, message });
-            }
+            } => (matches, query_blocks),
+            PrefixOutcome::NoMatch => (Vec::new(), hashed_blocks),
+            PrefixOutcome::Rejected { code, message } => return Err(Rejected { code, message }),
             other => {
                 let label = other.label();
                 if let Some(total) = self.logs.fallback.record() {
                     warn!(outcome = label, total, "indexer unusable; routing by load");
                 }
-                Decision::plain(self.least, Reason::IndexerFallback(label))
+                return Ok(Exact::none(Reason::IndexerFallback(label)));
             }
-        })
-    }
-
-    /// The longest usable match among routable workers, else by load.
-    fn matched(&self, matches: &[PrefixMatch], query_blocks: usize) -> Decision {
-        let usable = self.best(matches, query_blocks).map(|(blocks, worker)| {
-            let matched_tokens = self.tokens.len() * blocks as usize / query_blocks.max(1);
-            (blocks, worker, matched_tokens)
-        });
-        match usable {
-            Some((blocks, worker, matched_tokens))
-                if matched_tokens >= self.min_matched_tokens && blocks > 0 =>
-            {
-                Decision {
-                    worker,
-                    reason: Reason::CacheHit,
-                    matched_blocks: blocks,
-                    query_blocks,
-                    matched_tokens,
-                }
-            }
-            _ => self.no_usable_match(query_blocks),
-        }
-    }
-
-    /// The routable worker with the longest match (capped at the query), ties by lower load:
-    /// `(matched blocks, worker)`.
-    fn best(&self, matches: &[PrefixMatch], query_blocks: usize) -> Option<(u32, usize)> {
-        let workers = self.workers;
-        let mut best: Option<(u32, usize)> = None;
+        };
+        let mut exact = Exact {
+            query_blocks,
+            ..Exact::none(Reason::NoUsableMatch)
+        };
         for m in matches {
             let Some(worker) = workers.by_url(&m.worker_address) else {
                 if let Some(total) = self.logs.unknown_address.record() {
@@ -270,27 +403,12 @@ impl IndexerAnswer<'_> {
                 continue;
             }
             let blocks = m.matched_prefix_blocks.min(query_blocks as u32);
-            let better = match best {
-                None => true,
-                Some((b, w)) => {
-                    blocks > b
-                        || (blocks == b && workers.list[worker].active() < workers.list[w].active())
-                }
-            };
-            if better {
-                best = Some((blocks, worker));
-            }
+            exact.matched_blocks.push((worker, blocks));
+            exact.candidates.push(Candidate {
+                worker,
+                matched_tokens: tokens.len() * blocks as usize / query_blocks.max(1),
+            });
         }
-        best
-    }
-
-    fn no_usable_match(&self, query_blocks: usize) -> Decision {
-        if let Some(total) = self.logs.no_usable_match.record() {
-            warn!(total, "indexer found no usable match; routing by load");
-        }
-        Decision {
-            query_blocks,
-            ..Decision::plain(self.least, Reason::NoUsableMatch)
-        }
+        Ok(exact)
     }
 }

@@ -1,10 +1,13 @@
-//! The worker registry: URLs, health, and active requests per worker.
+//! The worker registry: URLs, health, and each worker's load: active requests and prefill
+//! pressure (the uncached prompt tokens of requests whose first token has not come back).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use metrics::{Gauge, SharedString};
+
+use crate::selection::Load;
 use tracing::{info, warn};
 
 #[derive(Debug)]
@@ -19,6 +22,9 @@ pub struct Worker {
     /// Refused because its block size or hashing differs from the first worker's.
     refused: AtomicBool,
     active: AtomicUsize,
+    /// Uncached prompt tokens (as estimated when routing) of the requests sent here whose
+    /// answer has not started yet: the prefill work queued on the worker.
+    pressure: AtomicUsize,
     /// Requests sent so far: the tie-break between equally loaded workers, so that sequential
     /// traffic spreads.
     routed: AtomicUsize,
@@ -34,6 +40,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             refused: AtomicBool::new(false),
             active: AtomicUsize::new(0),
+            pressure: AtomicUsize::new(0),
             routed: AtomicUsize::new(0),
         }
     }
@@ -46,20 +53,47 @@ impl Worker {
         self.active.load(Ordering::Relaxed)
     }
 
+    pub fn pressure(&self) -> usize {
+        self.pressure.load(Ordering::Relaxed)
+    }
+
+    pub fn load(&self) -> Load {
+        Load {
+            pressure: self.pressure(),
+            active: self.active(),
+            routed: self.routed.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn refuse(&self) {
         self.refused.store(true, Ordering::Relaxed);
     }
 }
 
-/// Counts one request as active on a worker until dropped.
+/// Counts one request as active on a worker until dropped, and its uncached prompt tokens as
+/// the worker's prefill pressure until [`LoadGuard::prefilled`] (or the drop).
 #[derive(Debug)]
 pub struct LoadGuard {
     workers: Arc<Workers>,
     index: usize,
+    prefill_tokens: usize,
+}
+
+impl LoadGuard {
+    /// The answer has started: the prefill is done.
+    pub fn prefilled(&mut self) {
+        let tokens = std::mem::take(&mut self.prefill_tokens);
+        if tokens > 0 {
+            self.workers.list[self.index]
+                .pressure
+                .fetch_sub(tokens, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
+        self.prefilled();
         self.workers.list[self.index]
             .active
             .fetch_sub(1, Ordering::Relaxed);
@@ -92,21 +126,25 @@ impl Workers {
             .collect()
     }
 
-    /// The routable worker with the fewest active requests (ties: the one sent fewest
-    /// requests so far, then the first), if any.
+    /// The worker with the lowest load among `among` (prefill pressure, then active requests,
+    /// then the one sent fewest requests so far, then the first), if any.
     pub fn least_loaded(&self, among: &[usize]) -> Option<usize> {
-        among.iter().copied().min_by_key(|&i| {
-            let worker = &self.list[i];
-            (worker.active(), worker.routed.load(Ordering::Relaxed), i)
-        })
+        among
+            .iter()
+            .copied()
+            .min_by_key(|&i| (self.list[i].load(), i))
     }
 
-    pub fn start(self: &Arc<Self>, index: usize) -> LoadGuard {
-        self.list[index].active.fetch_add(1, Ordering::Relaxed);
-        self.list[index].routed.fetch_add(1, Ordering::Relaxed);
+    /// Counts a request sent to worker `index` whose prefill computes `prefill_tokens`.
+    pub fn start(self: &Arc<Self>, index: usize, prefill_tokens: usize) -> LoadGuard {
+        let worker = &self.list[index];
+        worker.active.fetch_add(1, Ordering::Relaxed);
+        worker.routed.fetch_add(1, Ordering::Relaxed);
+        worker.pressure.fetch_add(prefill_tokens, Ordering::Relaxed);
         LoadGuard {
             workers: self.clone(),
             index,
+            prefill_tokens,
         }
     }
 

@@ -147,8 +147,8 @@ impl TestRouter {
 
     fn logs(&self) -> &kv_indexer_router::throttle::DoublingLogs {
         match &self.state.policy {
-            Policy::CacheAwareIndexer { logs, .. } => logs,
-            _ => panic!("not the Indexer policy"),
+            Policy::CacheAware(policy) => &policy.logs,
+            _ => panic!("not the cache-aware policy"),
         }
     }
 }
@@ -226,7 +226,8 @@ async fn with_the_indexer_stopped_requests_are_served_by_load_and_the_fallback_i
 async fn a_worker_url_that_differs_by_a_trailing_slash_gets_no_affinity_and_a_warning() {
     // The bridges announce "http://host:port/", the router knows "http://host:port".
     let fleet = fleet(2, |url| format!("{url}/")).await;
-    let router = router(&fleet).await;
+    // Without the radix tree's second opinion, which would keep the repeats together.
+    let router = router_with(&fleet, &["--conversation-affinity", "false"]).await;
     let tokens = with_suffix(&document(11), 1);
     router.generate(&tokens).await;
     wait::until("a warning about the unmatched address", || async {
@@ -309,4 +310,122 @@ async fn a_tokenizer_that_cannot_load_stops_start_up_naming_the_setting() {
         error.to_string().contains("KV_ROUTER_TOKENIZER_PATH"),
         "{error}"
     );
+}
+
+/// The oracle source reads the workers' own caches (`/cache_prefix`): a prompt goes back to the
+/// worker holding its prefix at once, with no Indexer in the way, and the conversation
+/// affinity signal is not needed for it.
+#[tokio::test]
+async fn the_oracle_routes_by_the_workers_own_cache_views() {
+    let fleet = fleet(3, |url| url.to_string()).await;
+    let router = router_with(
+        &fleet,
+        &[
+            "--cache-prefix-provider",
+            "oracle",
+            "--conversation-affinity",
+            "false",
+        ],
+    )
+    .await;
+    let mut homes = Vec::new();
+    for seed in 21..=23 {
+        let routed = router
+            .post(json!({"input_ids": with_suffix(&document(seed), 1)}))
+            .await;
+        assert_eq!(routed.reason, "no_usable_match");
+        homes.push(routed.worker);
+    }
+    for (seed, home) in (21..=23).zip(&homes) {
+        let routed = router
+            .post(json!({"input_ids": with_suffix(&document(seed), 50)}))
+            .await;
+        assert_eq!(
+            (&routed.worker, routed.reason.as_str()),
+            (home, "cache_hit")
+        );
+        // The whole pages of the shared document: 320 tokens.
+        assert_eq!(routed.cached_tokens, 320);
+    }
+    fleet.stop.cancel();
+}
+
+/// A chat request is routed on its rendered chat template, encoded as the worker encodes it
+/// (the template writes `<s>`; no second BOS): the next turn of a conversation goes back to
+/// the worker holding the first turn, which reports the cached tokens.
+#[tokio::test]
+async fn a_chat_turn_goes_to_the_worker_holding_the_conversation_so_far() {
+    let tokenizer = kv_testkit::tokenizer::BosTokenizer::write("router-chat", 1_000);
+    let config = json!({
+        "bos_token": {"content": "<s>", "special": true},
+        "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w999{% endif %}",
+    });
+    std::fs::write(
+        tokenizer.dir.join("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    let sim = SimConfig {
+        tokenizer_path: Some(tokenizer.dir.clone()),
+        ..SimConfig::default()
+    };
+    let fleet = fleet_of(2, |url| url.to_string(), &sim).await;
+    let dir = tokenizer.dir.to_str().unwrap();
+    let router = router_with(
+        &fleet,
+        &["--tokenizer-path", dir, "--conversation-affinity", "false"],
+    )
+    .await;
+    let router = &router;
+    let chat = |messages: Value| async move {
+        let response = router
+            .http
+            .post(format!("{}/v1/chat/completions", router.url))
+            .body(json!({"messages": messages, "max_tokens": 2}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let header = |name| response.headers()[name].to_str().unwrap().to_string();
+        let (worker, reason) = (header("x-routed-worker"), header("x-routing-reason"));
+        let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        (worker, reason, answer["usage"].clone())
+    };
+    let document: String = (0..320).map(|i| format!("w{i} ")).collect();
+    let turn = json!([{"role": "user", "content": document}]);
+    let (first, _, usage) = chat(turn.clone()).await;
+    // <s>, 320 words, w999: the template's BOS only.
+    assert_eq!(usage["prompt_tokens"], 322, "{usage}");
+    kv_testkit::wait::until("the first turn's pages in the index", || async {
+        (fleet.indexer.shared.index_stats().blocks >= 20).then_some(())
+    })
+    .await;
+    let next = json!([
+        {"role": "user", "content": document},
+        {"role": "assistant", "content": "w500"},
+        {"role": "user", "content": "w501"},
+    ]);
+    let (second, reason, usage) = chat(next).await;
+    assert_eq!(
+        (second.as_str(), reason.as_str()),
+        (first.as_str(), "cache_hit")
+    );
+    assert!(
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 320,
+        "{usage}"
+    );
+
+    // Messages the template cannot take are the client's error.
+    let response = router
+        .http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .body(json!({"messages": [{"content": "no role"}]}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    fleet.stop.cancel();
 }

@@ -60,6 +60,22 @@ async fn fake_worker(name: &'static str) -> String {
     format!("http://{addr}")
 }
 
+/// A fake SGLang worker that takes every `/generate` and never answers: its requests stay
+/// queued for prefill.
+async fn stuck_worker() -> String {
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/server_info",
+            get(|| async { axum::Json(json!({"kv_events": {"block_size": BLOCK}})) }),
+        )
+        .route("/generate", post(std::future::pending::<String>));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
 trait IntoResponseJson {
     fn into_response_json(self) -> axum::response::Response;
 }
@@ -313,4 +329,147 @@ async fn a_prompt_the_tokenizer_cannot_encode_is_refused_with_400() {
     assert_eq!(status, 400, "{body}");
     assert!(worker.is_empty(), "no worker is asked: {worker}");
     assert!(body.contains("cannot tokenize the prompt"), "{body}");
+}
+
+#[tokio::test]
+async fn with_no_usable_match_a_conversation_stays_where_it_went_before() {
+    // The Indexer knows nothing (no worker published): only the radix tree remembers.
+    let (_indexer, a, b, router) =
+        two_workers_and_the_indexer(&["--conversation-affinity", "true"]).await;
+    let turn = |n: usize| {
+        let mut tokens = prompt(6, 64);
+        tokens.extend((0..n as u64 * 16).map(|i| 900_000 + i));
+        json!({"input_ids": tokens})
+    };
+    let first = router.generate(turn(0)).await.1;
+    for n in 1..4 {
+        let response = router
+            .http
+            .post(format!("{}/generate", router.url))
+            .body(turn(n).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.headers()["x-routed-worker"], first.as_str());
+        assert_eq!(response.headers()["x-routing-reason"], "affinity");
+    }
+    // Another conversation goes by load: to the worker sent fewer requests.
+    let other = router.generate(json!({"input_ids": prompt(7, 64)})).await.1;
+    assert_ne!(other, first);
+    assert!([&a, &b].contains(&&other));
+
+    // Without affinity (the default) the turns go by load.
+    let (_indexer, _, _, router) = two_workers_and_the_indexer(&[]).await;
+    let first = router.generate(turn(0)).await.1;
+    assert_ne!(router.generate(turn(1)).await.1, first);
+}
+
+#[tokio::test]
+async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill() {
+    let indexer = TestIndexer::start().await;
+    let idle = fake_worker("idle").await;
+    let stuck = stuck_worker().await;
+    let urls = format!("{idle},{stuck}");
+    let endpoint = indexer.url();
+    let router = start_router(&[
+        "--worker-urls",
+        &urls,
+        "--kv-indexer-endpoint",
+        &endpoint,
+        "--pressure-abs-threshold-tokens",
+        "100",
+        "--pressure-rel-threshold",
+        "1.5",
+    ])
+    .await;
+    // The stuck worker holds the first 128 of each 256-token prompt: 128 to prefill, 128 saved.
+    let hot = prompt(8, 256);
+    report(&indexer, &stuck, &hot[..128]).await;
+    let send = |tokens: Vec<u64>| {
+        let (http, url) = (router.http.clone(), router.url.clone());
+        async move {
+            http.post(format!("{url}/generate"))
+                .body(json!({"input_ids": tokens}).to_string())
+                .send()
+                .await
+        }
+    };
+    // Each request goes to its cache and stays queued there, 128 tokens of pressure each,
+    // until the excess over the idle worker beats the 128 tokens the cache saves plus 100.
+    let first = tokio::spawn(send(hot.clone()));
+    wait::until(
+        "the first request to be queued on the stuck worker",
+        || async { (router.state.workers.list[1].pressure() == 128).then_some(()) },
+    )
+    .await;
+    let second = tokio::spawn(send(hot.clone()));
+    wait::until(
+        "the second request to be queued on the stuck worker",
+        || async { (router.state.workers.list[1].pressure() == 256).then_some(()) },
+    )
+    .await;
+    // 256 queued > 100 + 128 saved, and > 1.5 × 0: the next one gives way to the idle worker.
+    let response = tokio::time::timeout(std::time::Duration::from_secs(30), send(hot.clone()))
+        .await
+        .expect("the guard must send the request to the idle worker, which answers")
+        .unwrap();
+    assert_eq!(response.headers()["x-routed-worker"], idle.as_str());
+    assert_eq!(response.headers()["x-routing-reason"], "pressure_guard");
+    first.abort();
+    second.abort();
+
+    // Under the threshold the cache wins.
+    let router = start_router(&[
+        "--worker-urls",
+        &urls,
+        "--kv-indexer-endpoint",
+        &endpoint,
+        "--pressure-abs-threshold-tokens",
+        "200",
+    ])
+    .await;
+    let pending = tokio::spawn({
+        let (http, url, hot) = (router.http.clone(), router.url.clone(), hot.clone());
+        async move {
+            http.post(format!("{url}/generate"))
+                .body(json!({"input_ids": hot}).to_string())
+                .send()
+                .await
+        }
+    });
+    wait::until("the request to be queued on the stuck worker", || async {
+        (router.state.workers.list[1].pressure() == 128).then_some(())
+    })
+    .await;
+    let second = tokio::spawn({
+        let (http, url) = (router.http.clone(), router.url.clone());
+        async move {
+            http.post(format!("{url}/generate"))
+                .body(json!({"input_ids": hot}).to_string())
+                .send()
+                .await
+        }
+    });
+    wait::until("the second request to queue behind the first", || async {
+        (router.state.workers.list[1].pressure() == 256).then_some(())
+    })
+    .await;
+    pending.abort();
+    second.abort();
+}
+
+#[tokio::test]
+async fn a_chat_request_without_a_chat_template_is_refused_with_400() {
+    let a = fake_worker("a").await;
+    let router = start_router(&["--worker-urls", &a, "--policy", "round_robin"]).await;
+    let response = router
+        .http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .body(json!({"messages": [{"role": "user", "content": "hi"}]}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    let body = response.text().await.unwrap();
+    assert!(body.contains("no chat template"), "{body}");
 }

@@ -62,6 +62,14 @@ pub struct CacheStats {
 }
 
 /// The pages a running request holds; give it back with [`Cache::release`].
+/// The cached prefix of a prompt, per tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CachedPrefix {
+    pub device_pages: usize,
+    /// Host pages right after the device ones.
+    pub host_pages: usize,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a lease pins its pages until released"]
 pub struct Lease {
@@ -156,6 +164,23 @@ impl Cache {
         self.page_size
     }
 
+    /// How much of the chained `hashes` the cache holds, as [`Cache::admit`] would find it:
+    /// pages on the device from the first, then pages on the host after them. Changes nothing.
+    pub fn prefix(&self, hashes: &[i64]) -> CachedPrefix {
+        let device_pages = hashes
+            .iter()
+            .take_while(|h| self.place(**h) == Some(Place::Device))
+            .count();
+        let host_pages = hashes[device_pages..]
+            .iter()
+            .take_while(|h| self.place(**h) == Some(Place::Host))
+            .count();
+        CachedPrefix {
+            device_pages,
+            host_pages,
+        }
+    }
+
     /// Starts a request whose prompt's whole pages have the chained `hashes` (page `i` holding
     /// `tokens[i * page_size..(i + 1) * page_size]`): finds its cached prefix, reloads the
     /// host part of it to the device, stores the rest (evicting as needed) and pins all of it.
@@ -171,14 +196,10 @@ impl Cache {
         let now = self.clock;
         let mut journal = Journal::new(self.page_size as u32);
 
-        let device_hit = hashes
-            .iter()
-            .take_while(|h| self.place(**h) == Some(Place::Device))
-            .count();
-        let host_hit = hashes[device_hit..]
-            .iter()
-            .take_while(|h| self.place(**h) == Some(Place::Host))
-            .count();
+        let CachedPrefix {
+            device_pages: device_hit,
+            host_pages: host_hit,
+        } = self.prefix(hashes);
         for &hash in &hashes[..device_hit] {
             self.pin(hash, now);
         }

@@ -91,13 +91,23 @@ pub struct Args {
     #[arg(long, env = "KV_INDEXER_SIM_SPECULATIVE_ALGORITHM", value_enum)]
     pub speculative_algorithm: Option<SpeculativeAlgorithm>,
 
-    /// Prefill cost per prompt token not found in the cache, in microseconds.
+    /// Prefill cost per prompt token not found in the cache, in microseconds (fractions
+    /// allowed). Prefills run one after another, as on one GPU.
     #[arg(
         long,
         env = "KV_INDEXER_SIM_PREFILL_US_PER_TOKEN",
-        default_value_t = 50
+        default_value_t = 50.0
     )]
-    pub prefill_us_per_token: u64,
+    pub prefill_us_per_token: f64,
+
+    /// Attention's share of the prefill: microseconds per uncached prompt token and per 1,000
+    /// tokens before it in the prompt (0: a prefill linear in the uncached tokens).
+    #[arg(
+        long,
+        env = "KV_INDEXER_SIM_PREFILL_US_PER_TOKEN_PER_1K_CONTEXT",
+        default_value_t = 0.0
+    )]
+    pub prefill_us_per_token_per_1k_context: f64,
 
     /// Decode cost per generated token, in microseconds.
     #[arg(
@@ -110,6 +120,11 @@ pub struct Args {
     /// Requests running at once; more wait in a queue.
     #[arg(long, env = "KV_INDEXER_SIM_MAX_RUNNING", default_value_t = 64)]
     pub max_running: usize,
+
+    /// A streamed answer sends one chunk per this many output tokens (SGLang's
+    /// --stream-interval); the first token and the last always get theirs.
+    #[arg(long, env = "KV_INDEXER_SIM_STREAM_INTERVAL", default_value_t = 1)]
+    pub stream_interval: usize,
 
     /// Labels sent as component_types on every BlockStored (full, swa, mamba), as an engine
     /// built with --enable-kv-events-component-types; unset: legacy events.
@@ -171,6 +186,7 @@ pub struct Config {
     pub speculative_algorithm: Option<SpeculativeAlgorithm>,
     pub timing: TimeModel,
     pub max_running: usize,
+    pub stream_interval: usize,
     pub publisher: PublisherConfig,
 }
 
@@ -194,6 +210,7 @@ impl Default for Config {
             speculative_algorithm: None,
             timing: TimeModel::default(),
             max_running: 64,
+            stream_interval: 1,
             publisher: PublisherConfig::default(),
         }
     }
@@ -202,6 +219,21 @@ impl Default for Config {
 impl Config {
     pub fn from_args(args: Args) -> Result<Config, ConfigError> {
         validate(&args)?;
+        let micros = |flag, value: f64| {
+            Duration::try_from_secs_f64(value / 1e6).map_err(|_| ConfigError {
+                flag,
+                value: value.to_string(),
+                reason: "must be a finite number of microseconds, at least 0",
+            })
+        };
+        let timing = TimeModel {
+            prefill_per_token: micros("prefill-us-per-token", args.prefill_us_per_token)?,
+            prefill_per_token_per_1k_context: micros(
+                "prefill-us-per-token-per-1k-context",
+                args.prefill_us_per_token_per_1k_context,
+            )?,
+            decode_per_token: Duration::from_micros(args.decode_us_per_token),
+        };
         let encoding = match args.encoding {
             EncodingArg::Map => Encoding::Map,
             EncodingArg::Array => Encoding::Array,
@@ -221,11 +253,9 @@ impl Config {
             },
             context_length: args.context_length,
             speculative_algorithm: args.speculative_algorithm,
-            timing: TimeModel {
-                prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
-                decode_per_token: Duration::from_micros(args.decode_us_per_token),
-            },
+            timing,
             max_running: args.max_running,
+            stream_interval: args.stream_interval,
             publisher: PublisherConfig {
                 topic: args.topic,
                 encoder: Encoder {
@@ -282,6 +312,13 @@ fn validate(args: &Args) -> Result<(), ConfigError> {
     }
     if args.max_running == 0 {
         return Err(bad("max-running", &args.max_running, "must be at least 1"));
+    }
+    if args.stream_interval == 0 {
+        return Err(bad(
+            "stream-interval",
+            &args.stream_interval,
+            "must be at least 1",
+        ));
     }
     if args.context_length == 0 {
         return Err(bad(
@@ -361,6 +398,10 @@ mod tests {
             "EAGLE3",
             "--prefill-us-per-token",
             "7",
+            "--prefill-us-per-token-per-1k-context",
+            "0.25",
+            "--stream-interval",
+            "8",
             "--decode-us-per-token",
             "9",
             "--max-running",
@@ -379,6 +420,11 @@ mod tests {
         assert_eq!(config.publisher.drop.every, 5);
         assert!(config.hash().bigram);
         assert_eq!(config.timing.prefill_per_token, Duration::from_micros(7));
+        assert_eq!(
+            config.timing.prefill_per_token_per_1k_context,
+            Duration::from_nanos(250)
+        );
+        assert_eq!(config.stream_interval, 8);
         assert_eq!(config.max_running, 3);
     }
 
@@ -402,6 +448,12 @@ mod tests {
             ),
             (&["--host-capacity-tokens", "8"], "--host-capacity-tokens"),
             (&["--max-running", "0"], "--max-running"),
+            (&["--stream-interval", "0"], "--stream-interval"),
+            (&["--prefill-us-per-token=-1"], "--prefill-us-per-token"),
+            (
+                &["--prefill-us-per-token-per-1k-context", "NaN"],
+                "--prefill-us-per-token-per-1k-context",
+            ),
             (&["--replay-port", "5557"], "--replay-port"),
             (&["--component-types", "full,sliding"], "--component-types"),
             (&["--encoding", "json"], "--encoding"),

@@ -1,7 +1,7 @@
 //! One request's life in the simulated engine: wait for a running slot (at most `max_running`
 //! requests run; the others queue), hash the prompt's whole pages as SGLang does, take its
-//! place in the cache through the scheduler, spend the time model's prefill on the uncached
-//! tokens, emit deterministic filler tokens at the decode rate, and release the pages.
+//! place in the cache through the scheduler, queue for the one prefill lane and spend the time
+//! model's prefill on the uncached tokens, emit deterministic filler tokens at the decode rate, and release the pages.
 //!
 //! Each request runs in its own task, tracked for shutdown, so a client that goes away does
 //! not leave pages pinned: the task notices the closed channel and releases them.
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::scheduler::SchedulerHandle;
-use crate::timing::TimeModel;
+use crate::timing::{PrefillQueue, TimeModel};
 
 /// Outputs buffered per request before the generator waits for its reader.
 const OUTPUT_QUEUE: usize = 64;
@@ -92,6 +92,7 @@ pub struct Engine {
     config: EngineConfig,
     scheduler: SchedulerHandle,
     running: Arc<Semaphore>,
+    prefills: PrefillQueue,
     tasks: TaskTracker,
     next_id: Arc<AtomicU64>,
 }
@@ -100,6 +101,7 @@ impl Engine {
     pub fn new(config: EngineConfig, scheduler: SchedulerHandle, tasks: TaskTracker) -> Engine {
         Engine {
             running: Arc::new(Semaphore::new(config.max_running.max(1))),
+            prefills: PrefillQueue::default(),
             config,
             scheduler,
             tasks,
@@ -148,7 +150,8 @@ impl Engine {
         };
         let cached_tokens = self.cached_tokens(admitted.cached_pages, request.input_ids.len());
         let uncached = request.input_ids.len() - cached_tokens;
-        let prefill_end = started + self.config.timing.prefill(uncached);
+        let cost = self.config.timing.prefill(cached_tokens, uncached);
+        let prefill_end = self.prefills.reserve(Instant::now(), cost);
         let mut completed = wait_until(prefill_end, &outputs).await
             && outputs
                 .send(Output::Prefilled { cached_tokens })

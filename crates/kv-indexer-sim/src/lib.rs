@@ -16,7 +16,8 @@
 //! - [`scheduler`]: the single owner of cache and publisher; one batch per step;
 //! - [`engine`]: one request's life: queueing for a running slot, hashing, prefill and decode
 //!   time, filler output;
-//! - [`timing`]: the time model (costs per uncached prompt token and per output token);
+//! - [`timing`]: the time model (one prefill lane; costs per uncached prompt token, per pair
+//!   of attention tokens and per output token);
 //! - [`http`]: `/generate`, `/v1/completions`, `/server_info`, `/health`, `/get_model_info`,
 //!   `/flush_cache`;
 //! - [`config`]: flags and environment variables;

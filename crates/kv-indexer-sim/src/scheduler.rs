@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::cache::{Cache, CacheError, CacheStats, Lease};
+use crate::cache::{Cache, CacheError, CacheStats, CachedPrefix, Lease};
 use crate::events::{Event, Medium};
 use crate::publisher::Publisher;
 
@@ -57,6 +57,10 @@ enum Command {
     Release(Lease),
     Flush(oneshot::Sender<Result<(), CacheError>>),
     Snapshot(oneshot::Sender<Snapshot>),
+    Prefix {
+        hashes: Vec<i64>,
+        reply: oneshot::Sender<CachedPrefix>,
+    },
 }
 
 /// Sends commands to the loop; cheap to clone.
@@ -94,6 +98,13 @@ impl SchedulerHandle {
     pub async fn snapshot(&self) -> Result<Snapshot, Stopped> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Snapshot(reply)).await?;
+        answer.await.map_err(|_| Stopped)
+    }
+
+    /// How much of the chained `hashes` the cache holds now, per tier (nothing changes).
+    pub async fn prefix(&self, hashes: Vec<i64>) -> Result<CachedPrefix, Stopped> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Prefix { hashes, reply }).await?;
         answer.await.map_err(|_| Stopped)
     }
 
@@ -179,6 +190,9 @@ impl Scheduler {
                 answers.push(Answer::Flushed(reply, result));
             }
             Command::Snapshot(reply) => answers.push(Answer::Snapshot(reply)),
+            Command::Prefix { hashes, reply } => {
+                let _ = reply.send(self.cache.prefix(&hashes));
+            }
         }
     }
 

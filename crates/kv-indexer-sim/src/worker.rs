@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
+use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -33,6 +34,8 @@ pub enum WorkerError {
     },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    ChatTemplate(#[from] ChatError),
     #[error("cannot start the {what} socket")]
     Socket {
         what: &'static str,
@@ -148,6 +151,10 @@ impl Worker {
     /// [`Worker::router`] directly).
     pub async fn start(config: &Config, listeners: Listeners) -> Result<Worker, WorkerError> {
         let tokenizer = Tokenizer::load(TOKENIZER_SETTING, config.tokenizer_path.as_deref())?;
+        let chat = match &config.tokenizer_path {
+            Some(path) => ChatTemplate::load(TOKENIZER_SETTING, path)?,
+            None => None,
+        };
         let endpoints = Endpoints::of(config, &listeners)?;
         let socket_error = |what| move |source| WorkerError::Socket { what, source };
         let publisher = Publisher::bind(listeners.kv_events, config.publisher.clone())
@@ -178,6 +185,7 @@ impl Worker {
         let app = http::router(AppState {
             engine,
             tokenizer: Arc::new(tokenizer),
+            chat: chat.map(Arc::new),
             info: Arc::new(worker_info(config, endpoints)),
         });
         Ok(Worker {
@@ -252,6 +260,7 @@ fn worker_info(config: &Config, endpoints: Endpoints) -> WorkerInfo {
         capacity_tokens: config.cache.capacity_tokens,
         host_capacity_tokens: config.cache.host_capacity_tokens,
         context_length: config.context_length,
+        stream_interval: config.stream_interval,
     }
 }
 

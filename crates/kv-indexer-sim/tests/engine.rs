@@ -1,5 +1,5 @@
-//! The time model on a paused clock: cache hits shorten the prefill, and requests beyond
-//! `max_running` queue. Virtual time only, so the durations are the model's, not the machine's.
+//! The time model on a paused clock: cache hits shorten the prefill, prefills queue behind each
+//! other, and requests beyond `max_running` wait for a slot. Virtual time only, so the durations are the model's, not the machine's.
 
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ async fn worker(max_running: usize) -> Worker {
     config.timing = TimeModel {
         prefill_per_token: Duration::from_millis(1),
         decode_per_token: Duration::from_millis(1),
+        ..TimeModel::default()
     };
     let listeners = Listeners::bind(&config).await.unwrap();
     Worker::start(&config, listeners).await.unwrap()
@@ -77,4 +78,17 @@ async fn requests_beyond_max_running_wait_for_a_slot() {
     // The second waits for the whole first request.
     about(queued[1], Duration::from_millis(67));
     about(first.2.max(second.2), Duration::from_millis(134));
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefills_run_one_after_another() {
+    let worker = worker(4).await;
+    let app = worker.router();
+    // Both get a running slot at once, but one prefill waits for the other's 64 ms.
+    let (first, second) = tokio::join!(generate(&app, 0..64), generate(&app, 1000..1064));
+    assert_eq!((first.1, second.1), (Duration::ZERO, Duration::ZERO));
+    let mut e2e = [first.2, second.2];
+    e2e.sort();
+    about(e2e[0], Duration::from_millis(67));
+    about(e2e[1], Duration::from_millis(131));
 }

@@ -339,6 +339,7 @@ async fn flush_cache_is_refused_while_a_request_runs() {
     config.timing = TimeModel {
         prefill_per_token: Duration::ZERO,
         decode_per_token: Duration::from_secs(3600),
+        ..TimeModel::default()
     };
     let worker = worker(config).await;
     let app = worker.router();
@@ -471,4 +472,202 @@ async fn cache_view_lists_the_held_block_hashes_per_tier() {
     // The same view as the scheduler's.
     let held = worker.scheduler().snapshot().await.unwrap().held;
     assert_eq!(held.values().map(|set| set.len()).sum::<usize>(), 4);
+}
+
+#[tokio::test]
+async fn cache_prefix_counts_the_held_leading_pages_per_tier() {
+    let mut config = config();
+    // Room for 2 pages on the device and 8 on the host.
+    config.cache.capacity_tokens = 2 * PAGE;
+    config.cache.host_capacity_tokens = 8 * PAGE;
+    let worker = worker(config).await;
+    let app = worker.router();
+    let hash = HashConfig {
+        block_size: PAGE,
+        bigram: false,
+    };
+    let prefix = |hashes: Vec<i64>| {
+        let app = app.clone();
+        async move {
+            let (status, answer) = post(&app, "/cache_prefix", json!({ "hashes": hashes })).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+            (answer["device_pages"].clone(), answer["host_pages"].clone())
+        }
+    };
+    let first = block_hashes(&ids(0..8), hash, None);
+    assert_eq!(prefix(first.clone()).await, (json!(0), json!(0)));
+    for prompt in [ids(0..9), ids(50..59)] {
+        let body = json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}});
+        assert_eq!(post(&app, "/generate", body).await.0, StatusCode::OK);
+    }
+    // The second prompt took the device: the first one's two pages are on the host.
+    assert_eq!(prefix(first.clone()).await, (json!(0), json!(2)));
+    let second = block_hashes(&ids(50..58), hash, None);
+    assert_eq!(prefix(second.clone()).await, (json!(2), json!(0)));
+    // A prompt continuing the second one: its leading pages only.
+    let longer = block_hashes(&ids(50..62), hash, None);
+    assert_eq!(prefix(longer).await, (json!(2), json!(0)));
+    // Asking changed nothing.
+    assert_eq!(prefix(first).await, (json!(0), json!(2)));
+    let (status, error) = post(&app, "/cache_prefix", json!({"hashes": "x"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+}
+
+#[tokio::test]
+async fn generate_streams_one_chunk_per_stream_interval() {
+    let mut config = config();
+    config.stream_interval = 4;
+    let worker = worker(config).await;
+    let app = worker.router();
+    let response = generate_stream(&app, ids(0..6), 10).await;
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let data = sse_data(&body);
+    let counts: Vec<u64> = data[..data.len() - 1]
+        .iter()
+        .map(|d| {
+            let chunk: Value = serde_json::from_str(d).unwrap();
+            chunk["meta_info"]["completion_tokens"].as_u64().unwrap()
+        })
+        .collect();
+    // The first token at once, then every 4th, then the last with finish_reason.
+    assert_eq!(counts, [1, 4, 8, 10]);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+}
+
+/// A model directory: the test's BOS tokenizer and a tokenizer_config.json whose chat template
+/// writes `<s>` itself, then `role content` per message.
+fn chat_model(name: &str) -> kv_testkit::tokenizer::BosTokenizer {
+    let tokenizer = kv_testkit::tokenizer::BosTokenizer::write(name, 100);
+    let config = json!({
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}assistant{% endif %}",
+    });
+    std::fs::write(
+        tokenizer.dir.join("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    tokenizer
+}
+
+#[tokio::test]
+async fn chat_completions_render_the_chat_template_and_share_the_cache() {
+    let model = chat_model("sim-chat");
+    let mut config = config();
+    config.tokenizer_path = Some(model.dir.clone());
+    let worker = worker(config).await;
+    let app = worker.router();
+    let words =
+        |range: std::ops::Range<u32>| range.map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    let first = json!([{"role": "user", "content": words(0..20)}]);
+    let (status, answer) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": first, "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(answer["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        " lorem ipsum dolor"
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    // "<s> user w0 … w19 assistant": one BOS (the template's; none added on encoding).
+    assert_eq!(answer["usage"]["prompt_tokens"], 23);
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+    // The next turn extends the rendered prompt: its leading pages are cached.
+    let second = json!([
+        {"role": "user", "content": words(0..20)},
+        {"role": "assistant", "content": "w50"},
+        {"role": "user", "content": "w51"},
+    ]);
+    let (_, answer) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": second, "max_completion_tokens": 1}),
+    )
+    .await;
+    assert_eq!(answer["usage"]["prompt_tokens"], 27);
+    // 22 tokens ("<s> user w0 … w19 w" … up to "assistant") shared: 5 whole pages of 4.
+    assert_eq!(
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"],
+        20
+    );
+}
+
+#[tokio::test]
+async fn chat_completions_stream_role_then_deltas_usage_and_done() {
+    let model = chat_model("sim-chat-stream");
+    let mut config = config();
+    config.tokenizer_path = Some(model.dir.clone());
+    let worker = worker(config).await;
+    let app = worker.router();
+    let body = json!({"messages": [{"role": "user", "content": "w1"}], "max_tokens": 3,
+                      "stream": true, "stream_options": {"include_usage": true}});
+    let (status, bytes) = call(&app, "POST", "/v1/chat/completions", Some(body)).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&bytes);
+    assert_eq!(data.len(), 5, "{data:?}");
+    assert_eq!(data[4], "[DONE]");
+    let chunks: Vec<Value> = data[..4]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": " lorem"})
+    );
+    assert_eq!(
+        chunks[1]["choices"][0]["delta"],
+        json!({"content": " ipsum"})
+    );
+    assert_eq!(
+        chunks[2]["choices"][0]["delta"],
+        json!({"content": " dolor"})
+    );
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[3]["choices"], json!([]));
+    assert_eq!(chunks[3]["usage"]["prompt_tokens"], 4);
+}
+
+#[tokio::test]
+async fn chat_completions_without_a_template_or_with_bad_messages_are_refused() {
+    let worker = worker(config()).await;
+    let app = worker.router();
+    let (status, error) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("no chat template"),
+        "{error}"
+    );
+
+    let model = chat_model("sim-chat-bad");
+    let mut config = config();
+    config.tokenizer_path = Some(model.dir.clone());
+    let worker = self::worker(config).await;
+    let app = worker.router();
+    let (status, error) = post(&app, "/v1/chat/completions", json!({"messages": "hi"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("messages must be a list"),
+        "{error}"
+    );
 }

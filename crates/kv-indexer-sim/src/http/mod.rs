@@ -2,15 +2,21 @@
 //!
 //! - `POST /generate`: the native API ([`native`]);
 //! - `POST /v1/completions`: the OpenAI API ([`openai`]);
+//! - `POST /v1/chat/completions`: the OpenAI chat API, the prompt rendered by the model's chat
+//!   template ([`chat`]);
 //! - `GET /server_info` (and `/get_server_info`), `GET /get_model_info`, `GET /v1/models`,
 //!   `GET /health` (and `/health_generate`), `GET|POST /flush_cache`;
 //! - `GET /cache_view`: not SGLang's; the cache's own view (block hashes held per tier, as
-//!   published so far), for tests that compare an index with the worker.
+//!   published so far), for tests that compare an index with the worker;
+//! - `POST /cache_prefix`: not SGLang's either; `{"hashes": [...]}` (a prompt's chained page
+//!   hashes) answers how many leading pages the cache holds on the device and then on the host,
+//!   the router's perfect-knowledge source in benchmarks (`--cache-prefix-provider oracle`).
 //!
 //! Both generation endpoints answer at once or stream server-sent events (`data: {...}`
 //! chunks, then `data: [DONE]`). Every error is a JSON body built in one place,
 //! [`HttpError`]'s `IntoResponse`.
 
+pub mod chat;
 pub mod native;
 pub mod openai;
 
@@ -20,11 +26,13 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
+use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -51,12 +59,16 @@ pub struct WorkerInfo {
     pub host_capacity_tokens: usize,
     /// Prompt plus output tokens allowed per request.
     pub context_length: usize,
+    /// Output tokens per streamed `/generate` chunk (SGLang's `--stream-interval`).
+    pub stream_interval: usize,
 }
 
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub engine: Engine,
     pub tokenizer: Arc<Tokenizer>,
+    /// The chat template of the tokenizer's `tokenizer_config.json`, if it has one.
+    pub chat: Option<Arc<ChatTemplate>>,
     pub info: Arc<WorkerInfo>,
 }
 
@@ -67,6 +79,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/generate", post(native::generate))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
         .route("/get_model_info", get(model_info))
@@ -75,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health_generate", get(health))
         .route("/flush_cache", get(flush_cache).post(flush_cache))
         .route("/cache_view", get(cache_view))
+        .route("/cache_prefix", post(cache_prefix))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -85,6 +99,8 @@ pub enum HttpError {
     BadRequest(String),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
     #[error("the worker is shutting down")]
     Stopped,
 }
@@ -92,7 +108,7 @@ pub enum HttpError {
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let (status, kind) = match &self {
-            HttpError::BadRequest(_) | HttpError::Tokenizer(_) => {
+            HttpError::BadRequest(_) | HttpError::Tokenizer(_) | HttpError::Chat(_) => {
                 (StatusCode::BAD_REQUEST, "BadRequestError")
             }
             HttpError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError"),
@@ -119,6 +135,8 @@ impl IntoResponse for HttpError {
 pub enum Prompt {
     Text(String),
     Ids(Vec<u64>),
+    /// A rendered chat template: encoded without special tokens.
+    Rendered(String),
 }
 
 impl AppState {
@@ -126,6 +144,7 @@ impl AppState {
     fn request(&self, prompt: Prompt, max_new_tokens: u64) -> Result<GenerateRequest, HttpError> {
         let input_ids = match prompt {
             Prompt::Text(text) => self.tokenizer.encode(&text)?,
+            Prompt::Rendered(text) => self.tokenizer.encode_rendered(&text)?,
             Prompt::Ids(ids) => ids,
         };
         if input_ids.is_empty() {
@@ -292,6 +311,7 @@ async fn server_info(State(state): State<AppState>) -> Json<Value> {
         "max_running_requests": info.max_running,
         "max_total_num_tokens": info.capacity_tokens,
         "context_length": info.context_length,
+        "stream_interval": info.stream_interval,
         "enable_hierarchical_cache": info.host_capacity_tokens > 0,
         "hicache_size_tokens": info.host_capacity_tokens,
         "kv_events_config": kv_events_config.to_string(),
@@ -376,5 +396,29 @@ async fn cache_view(State(state): State<AppState>) -> Result<Json<Value>, HttpEr
             "device_evictions": stats.device_evictions,
             "host_evictions": stats.host_evictions,
         },
+    })))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PrefixBody {
+    hashes: Vec<i64>,
+}
+
+/// The cached prefix of a prompt's page hashes, per tier, as the next admission would find it.
+async fn cache_prefix(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Json<Value>, HttpError> {
+    let body: PrefixBody = parse_body(&body)?;
+    let prefix = state
+        .engine
+        .scheduler()
+        .prefix(body.hashes)
+        .await
+        .map_err(|_| HttpError::Stopped)?;
+    Ok(Json(json!({
+        "page_size": state.info.page_size,
+        "device_pages": prefix.device_pages,
+        "host_pages": prefix.host_pages,
     })))
 }

@@ -2,7 +2,8 @@
 //! `sampling_params.max_new_tokens` (default 128), `stream`, `rid`. The answer is
 //! `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
 //! "completion_tokens", "cached_tokens", "e2e_latency", ...}}`; a stream sends that shape with
-//! the text so far, one chunk per token, `finish_reason` null until the last chunk.
+//! the text so far, one chunk per `--stream-interval` tokens (and one for the first),
+//! `finish_reason` null until the last chunk.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -61,6 +62,7 @@ pub async fn generate(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let mut chunks = Chunks {
         rid,
         max_new_tokens: request.max_new_tokens,
+        stream_interval: state.info.stream_interval.max(1),
         prompt_tokens: request.input_ids.len(),
         cached_tokens: 0,
         text: String::new(),
@@ -81,6 +83,7 @@ pub async fn generate(State(state): State<AppState>, body: Bytes) -> Result<Resp
 struct Chunks {
     rid: String,
     max_new_tokens: usize,
+    stream_interval: usize,
     prompt_tokens: usize,
     cached_tokens: usize,
     text: String,
@@ -112,12 +115,14 @@ impl StreamFormat for Chunks {
         self.cached_tokens = cached_tokens;
     }
 
-    /// Every token but the last is sent at once; the last one goes with `finish_reason`, as
-    /// SGLang's last chunk does.
+    /// The first token and every `stream_interval`-th are sent at once (each chunk carries
+    /// the text so far); the last one goes with `finish_reason`, as SGLang's last chunk does.
     fn token(&mut self, id: u64, text: &str) -> Option<Value> {
         self.text.push_str(text);
         self.output_ids.push(id);
-        (self.output_ids.len() < self.max_new_tokens).then(|| self.body(None))
+        let sent = self.output_ids.len();
+        let due = sent == 1 || sent.is_multiple_of(self.stream_interval);
+        (due && sent < self.max_new_tokens).then(|| self.body(None))
     }
 
     fn finished(&mut self, usage: &Usage) -> Vec<Value> {
