@@ -268,8 +268,14 @@ impl Appender {
                     }
                     // The applier sweeps and snapshots on its own clock.
                     Job::Sweep | Job::Snapshot => {}
+                    // No snapshot on demand: the applier builds them on its own schedule.
                     Job::SnapshotWait(reply) => {
-                        let _ = reply.send(Ok(0));
+                        let _ = reply.send(Err(StateError::Fleet(Arc::new(
+                            StreamError::Unexpected {
+                                url: self.config.url().to_owned(),
+                                what: "a replica builds snapshots on its own schedule (KV_INDEXER_SNAPSHOT_INTERVAL_S), not on demand".into(),
+                            },
+                        ))));
                     }
                     Job::Stop(reply) => {
                         self.append(std::mem::take(&mut entries));
