@@ -20,8 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import durable_bench as db  # noqa: E402  (Server, loadgen, preload_flags)
+import fleet_tests  # noqa: E402  (redis_command)
 
 KEY = "sgl-kv-indexer:events"
 # Every process started, stopped by pid whatever happens (see main).
@@ -43,11 +42,8 @@ def server(port, logs, extra):
 
 
 def redis_command(port, *args):
-    """One command (RESP); the answer's first line."""
-    payload = f"*{len(args)}\r\n" + "".join(f"${len(str(a).encode())}\r\n{a}\r\n" for a in args)
-    with socket.create_connection((db.HOST, port), timeout=600) as sock:
-        sock.sendall(payload.encode())
-        return sock.makefile("rb").readline().decode().strip()
+    """One command; MEMORY USAGE of a long stream may take a while."""
+    return fleet_tests.redis_command(port, *args, timeout=600)
 
 
 class Redis:
@@ -150,6 +146,16 @@ def ingest(args, logs):
         redis.stop()
 
 
+def join_once(args, logs, redis, before, how):
+    """Starts a new replica, times it to SERVING and prints the row."""
+    entries = redis_command(redis.port, "XLEN", KEY).lstrip(":")
+    new = server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
+    took = new.wait_ready()
+    same = new.state()["digest"] == before["digest"]
+    print(f"{before['placements']:>11} {how:<34} {took:>12.2f} {'equal' if same else 'DIFFERS':>7} {entries:>14}")
+    new.stop(signal.SIGKILL)
+
+
 def join(args, logs):
     print("\n## join: a new replica's time from its start to SERVING")
     print(f"{'placements':>11} {'from':<34} {'to SERVING s':>12} {'digest':>7} {'stream entries':>14}")
@@ -159,13 +165,7 @@ def join(args, logs):
         first.wait_ready()
         db.loadgen(args.base_port, *db.preload_flags(target))
         before = first.state()
-        entries = redis_command(redis.port, "XLEN", KEY).lstrip(":")
-        new = server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
-        took = new.wait_ready()
-        same = new.state()["digest"] == before["digest"]
-        print(f"{before['placements']:>11} {'the whole stream':<34} {took:>12.2f} {'equal' if same else 'DIFFERS':>7} "
-              f"{entries:>14}")
-        new.stop(signal.SIGKILL)
+        join_once(args, logs, redis, before, "the whole stream")
         first.stop(signal.SIGKILL)
         # (b) a replica that publishes a snapshot every second: wait for one, then join.
         first = server(args.base_port, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "1"])
@@ -175,13 +175,7 @@ def join(args, logs):
             if time.time() > deadline:
                 raise RuntimeError("no snapshot was published")
             time.sleep(0.2)
-        entries = redis_command(redis.port, "XLEN", KEY).lstrip(":")
-        new = server(args.base_port + 10, logs, ["--event-log", redis.url(), "--snapshot-interval-s", "0"])
-        took = new.wait_ready()
-        same = new.state()["digest"] == before["digest"]
-        print(f"{before['placements']:>11} {'the published snapshot + stream':<34} {took:>12.2f} "
-              f"{'equal' if same else 'DIFFERS':>7} {entries:>14}")
-        new.stop(signal.SIGKILL)
+        join_once(args, logs, redis, before, "the published snapshot + stream")
         first.stop(signal.SIGKILL)
         redis.stop()
 

@@ -59,10 +59,10 @@ CASES = {
 MAX_LAG_MS = 1000
 
 
-def redis_command(port, *args):
+def redis_command(port, *args, timeout=10):
     """Sends one command (RESP) and returns the first line of the answer."""
     payload = f"*{len(args)}\r\n" + "".join(f"${len(str(a).encode())}\r\n{a}\r\n" for a in args)
-    with socket.create_connection((ft.HOST, port), timeout=10) as sock:
+    with socket.create_connection((ft.HOST, port), timeout=timeout) as sock:
         sock.sendall(payload.encode())
         return sock.makefile("rb").readline().decode().strip()
 

@@ -169,7 +169,7 @@ pub fn start(
     worker_ttl: Option<Duration>,
     snapshot_interval: Option<Duration>,
 ) -> Result<Started, StateError> {
-    let replica = format!("{:016x}", rand_u64());
+    let replica = format!("{:016x}", rand::random::<u64>());
     let freshness = Arc::new(Freshness::new(fleet.max_lag));
     let waiters: Waiters = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -228,14 +228,6 @@ pub fn start(
     let writer = Writer::start_with("kv-indexer-appender", move |queue| appender.run(queue))
         .map_err(StateError::Thread)?;
     Ok(Started { writer, freshness })
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos()));
-    hasher.write_u32(std::process::id());
-    hasher.finish()
 }
 
 /// The thread that appends accepted changes to the stream.
@@ -565,7 +557,7 @@ impl Applier {
     }
 
     fn load_base(&mut self, stream: &mut Stream) -> Result<(), Restart> {
-        let epoch = stream.epoch(&format!("{:016x}", rand_u64()))?;
+        let epoch = stream.epoch(&format!("{:016x}", rand::random::<u64>()))?;
         let bounds = stream.bounds()?;
         // A base at position p is usable when the stream holds every entry from p on.
         let usable = |position: u64| match bounds {
