@@ -6,7 +6,8 @@
 //!    legacy: no masks) the pages the request's worker lacks; only the applies are timed. With
 //!    hints on, each REPORT carries `parent_block_hash` (the page before its first, when there is
 //!    one), as a bridge does from SGLang's `BlockStored.parent_block_hash`;
-//! 2. steady state: every request's `match_prefix` again, each one timed;
+//! 2. steady state: every request's `match_prefix_hits` again, each one timed (workers by
+//!    handle, as the server encodes its answer from; the digest reads their strings untimed);
 //! 3. memory: live heap bytes of the built index (a counting global allocator) per placement;
 //! 4. REVOKE of every placement, per worker, in applies of at most 16,384 hashes;
 //! 5. CLEAR_ALL_AT_TIER (HBM) per worker, on a second identical index.
@@ -22,7 +23,8 @@
 //! a comma-separated list (`-- 128 32`, `-- 16,1000 1 on`); HINTS are `off` and/or `on`. The
 //! environment variables `REPLAY_WORKERS`, `REPLAY_SPLITS`, `REPLAY_HINTS`, `REPLAY_REQUESTS`
 //! (use only the first N requests) and `REPLAY_TRACE` (another trace file) do the same. Default:
-//! workers 16,128,1000 × splits 1,32 × hints off,on.
+//! workers 16,128,1000 × splits 1,32 × hints off,on. `REPLAY_PROFILE_PASSES=N` runs N untimed
+//! query passes before the timed one, for a profiler.
 
 // The workspace denies unsafe code; the only unsafe here is the `GlobalAlloc` impl below, which
 // wraps `System` to count live heap bytes and cannot be written without `unsafe`.
@@ -33,7 +35,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kv_index::{ActionRequest, ApplyRequest, Index, MAX_HASHES_PER_REQUEST, PrefixAnswer, Tier};
+use kv_index::{ActionRequest, ApplyRequest, Index, MAX_HASHES_PER_REQUEST, PrefixHits, Tier};
 use serde::Deserialize;
 
 /// `System`, counting the bytes currently allocated (as requested, without malloc overhead).
@@ -234,12 +236,13 @@ fn action(action_type: i32, hashes: Vec<i64>, block_sizes: Vec<u32>) -> ActionRe
     }
 }
 
-/// A digest of a prefix answer, to compare runs.
-fn digest(state: u64, answer: &PrefixAnswer) -> u64 {
+/// A digest of a prefix answer (its strings as `match_prefix` would give them), to compare runs.
+fn digest(state: u64, index: &Index, answer: &PrefixHits) -> u64 {
     let mut state = splitmix64(state ^ u64::from(answer.blocks_read));
     state = splitmix64(state ^ u64::from(answer.best_prefix_blocks));
     for m in &answer.matches {
-        for byte in m.worker_id.bytes().chain(m.worker_address.bytes()) {
+        let (id, address) = (index.worker_id(m.worker), index.worker_address(m.worker));
+        for byte in id.bytes().chain(address.bytes()) {
             state = splitmix64(state ^ u64::from(byte));
         }
         state = splitmix64(state ^ u64::from(m.matched_prefix_blocks));
@@ -390,6 +393,15 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool) -> Row {
         "every reported page is a new placement"
     );
 
+    // Untimed query passes first when asked (`REPLAY_PROFILE_PASSES`), so that a profiler
+    // attached to the run sees mostly the query path.
+    for _ in 0..profile_passes() {
+        for r in 0..requests {
+            black_box(index.match_prefix_hits(black_box(pages.request(r)), 0))
+                .expect("valid query");
+        }
+    }
+
     // Pass 2: steady-state queries, each timed.
     let mut latencies_ns: Vec<u64> = Vec::with_capacity(requests);
     let mut blocks_read = 0u64;
@@ -399,11 +411,11 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool) -> Row {
     for r in 0..requests {
         let hashes = pages.request(r);
         let start = Instant::now();
-        let answer = index.match_prefix(black_box(hashes), 0);
+        let answer = index.match_prefix_hits(black_box(hashes), 0);
         let elapsed = start.elapsed();
         let answer = black_box(answer).expect("valid query");
         latencies_ns.push(elapsed.as_nanos() as u64);
-        answers = digest(answers, &answer);
+        answers = digest(answers, &index, &answer);
         blocks_read += u64::from(answer.blocks_read);
         matches += answer.matches.len() as u64;
         query_pages += hashes.len() as u64;
@@ -470,6 +482,14 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool) -> Row {
         mean_ns_per_block_read: total_query_ns as f64 / blocks_read as f64,
         build_time,
     }
+}
+
+/// `REPLAY_PROFILE_PASSES`: untimed steady-state query passes before the timed one.
+fn profile_passes() -> usize {
+    std::env::var("REPLAY_PROFILE_PASSES").map_or(0, |v| {
+        v.parse()
+            .expect("REPLAY_PROFILE_PASSES: a number of passes")
+    })
 }
 
 fn parse_list<T: std::str::FromStr>(text: &str, what: &str) -> Vec<T> {

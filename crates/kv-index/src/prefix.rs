@@ -19,39 +19,43 @@
 //! candidate is unsettled, up to `n`. Candidates settle only at the first block of a segment, so
 //! the scan ends right there.
 
-use smallvec::{SmallVec, smallvec};
+use std::cell::Cell;
+
+use smallvec::SmallVec;
 
 use crate::index::{Chunk, Found, Index, Placement};
 use crate::types::{
-    COMPONENT_FULL, COMPONENT_MAMBA, COMPONENT_SWA, PrefixAnswer, PrefixMatch, Tier,
+    COMPONENT_FULL, COMPONENT_MAMBA, COMPONENT_SWA, PrefixAnswer, PrefixHit, PrefixHits,
+    PrefixMatch, WorkerHandle,
 };
 use crate::validate::{ValidationError, validate_prefix};
 
-const NO_SLOT: u32 = u32::MAX;
+/// Scratch capacity (bytes) a thread keeps between scans; a larger scan's is freed after it.
+const SCRATCH_KEEP_BYTES: usize = 1 << 20;
 
-/// Scratch kept on the stack up to these sizes (see `Index::answer`): the worker -> candidate
-/// map has one entry per worker ever seen (so it is on the heap, and filled at O(workers) cost,
-/// in every query of an index that has seen more than `INLINE_WORKERS`); the per-candidate
-/// vectors spill beyond `INLINE_CANDIDATES` holders of the first block.
-const INLINE_WORKERS: usize = 256;
-const INLINE_CANDIDATES: usize = 128;
+/// Placements of lower workers skipped one by one before a binary search takes over (see
+/// [`take_worker`]).
+const LINEAR_SKIP: usize = 8;
+
+/// Answers with more matches than this, naming at least one in [`DENSE_SPREAD`] of the
+/// index's workers, are ordered by bucketing ranks rather than sorted (see `Index::hits`).
+const BUCKET_MIN_MATCHES: usize = 64;
+const DENSE_SPREAD: usize = 16;
+/// The most distinct prefix lengths bucketing takes; more, and the answer is sorted.
+const MAX_LENGTHS: usize = 32;
 
 /// The per-candidate scan state.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Candidate {
-    /// The worker's rank (its position in worker-id order).
+    /// The worker's dense index in the index.
+    worker: u32,
+    /// The worker's rank (its position in worker-id order): the answer's tie-break.
     rank: u32,
-    rule: Rule,
     prefix: u32,
-    /// What this candidate holds in the segment being examined, valid when `seen_at` is its
-    /// first position + 1.
-    seen_at: u32,
-    held: bool,
-    nonzero: bool,
-    available: u32,
+    rule: Rule,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 enum Rule {
     Legacy {
         /// Whether the worker holds a non-zero mask anywhere: then it cannot settle at a gap.
@@ -59,12 +63,13 @@ enum Rule {
         gap: bool,
     },
     Aware {
-        components: u32,
-        swa_window: u64,
+        components: u8,
         /// Component bits servable per tier index.
-        servable: [u32; 3],
-        swa_run: u64,
+        servable: [u8; 3],
+        swa_window: u32,
         swa_broken: bool,
+        /// Saturates, like the window it is compared with.
+        swa_run: u32,
     },
 }
 
@@ -101,72 +106,90 @@ impl Segment<'_> {
     }
 }
 
-impl Candidate {
-    /// Folds one placement of the segment being examined into this candidate's view of it.
-    fn observe(&mut self, stamp: u32, tier: Tier, mask: u32) {
-        if self.seen_at != stamp {
-            self.seen_at = stamp;
-            self.held = false;
-            self.nonzero = false;
-            self.available = 0;
+/// The placements of `worker` at the front of `rest` (sorted by holder, so by worker), after
+/// dropping those of lower workers; `rest` moves past them. Candidates come in worker order
+/// too, so one segment costs O(candidates + placements) at most, and a few candidates facing a
+/// crowded piece binary-search past the workers in between.
+#[inline]
+fn take_worker<'p>(rest: &mut &'p [Placement], worker: u32) -> &'p [Placement] {
+    let all = *rest;
+    let mut skip = 0;
+    while skip < all.len() && all[skip].worker() < worker {
+        skip += 1;
+        if skip == LINEAR_SKIP {
+            skip += all[skip..].partition_point(|p| p.worker() < worker);
+            break;
         }
-        self.held = true;
-        self.nonzero |= mask != 0;
-        if let Rule::Aware { servable, .. } = &self.rule {
-            self.available |= mask & servable[tier.index()];
+    }
+    let from = &all[skip..];
+    let held = from.iter().take_while(|p| p.worker() == worker).count();
+    let (mine, after) = from.split_at(held);
+    *rest = after;
+    mine
+}
+
+impl Candidate {
+    /// Records this settled candidate's answer, when it has a prefix.
+    #[inline]
+    fn finish(&self, matched: &mut Vec<Matched>) {
+        if self.prefix > 0 {
+            matched.push(Matched {
+                rank: self.rank,
+                prefix: self.prefix,
+            });
         }
     }
 
-    /// Advances over the segment (every block of it alike); returns whether the candidate is
-    /// now settled (at the segment's first block).
-    fn step(&mut self, segment: &mut Segment<'_>) -> bool {
-        let seen = self.seen_at == segment.start + 1;
-        let (held, nonzero, available) = if seen {
-            (self.held, self.nonzero, self.available)
-        } else {
-            (false, false, 0)
-        };
+    /// Advances over the segment (every block of it alike), given this worker's placements of
+    /// it; returns whether the candidate is now settled (at the segment's first block).
+    #[inline]
+    fn step(&mut self, mine: &[Placement], segment: &mut Segment<'_>) -> bool {
         match &mut self.rule {
             Rule::Legacy {
                 may_fail_closed,
                 gap,
             } => {
-                if nonzero {
+                if mine.iter().any(|p| p.mask != 0) {
                     self.prefix = 0;
                     return true;
                 }
-                if held && !*gap {
+                if !mine.is_empty() && !*gap {
                     self.prefix = segment.end;
                     return false;
                 }
-                if !held {
+                if mine.is_empty() {
                     *gap = true;
                 }
                 !*may_fail_closed
             }
             Rule::Aware {
                 components,
+                servable,
                 swa_window,
-                swa_run,
                 swa_broken,
-                ..
+                swa_run,
             } => {
+                let available = mine.iter().fold(0, |bits, p| {
+                    bits | (p.mask & u32::from(servable[p.tier().index()]))
+                });
                 if available & COMPONENT_FULL == 0 {
                     return true;
                 }
                 // Within the segment the SWA run only grows, so its last block is a boundary
                 // whenever any of its blocks is.
+                let components = u32::from(*components);
                 let mut boundary = true;
-                if *components & COMPONENT_SWA != 0 {
+                if components & COMPONENT_SWA != 0 {
                     if available & COMPONENT_SWA != 0 {
-                        *swa_run = swa_run.saturating_add(segment.tokens());
+                        let tokens = u32::try_from(segment.tokens()).unwrap_or(u32::MAX);
+                        *swa_run = swa_run.saturating_add(tokens);
                     } else {
                         *swa_run = 0;
                         *swa_broken = true;
                     }
                     boundary &= !*swa_broken || *swa_run >= *swa_window;
                 }
-                if *components & COMPONENT_MAMBA != 0 {
+                if components & COMPONENT_MAMBA != 0 {
                     boundary &= available & COMPONENT_MAMBA != 0;
                 }
                 if boundary {
@@ -198,82 +221,166 @@ fn common_prefix(a: &[i64], b: &[i64]) -> usize {
         .count()
 }
 
-/// The scan's candidates: the workers holding `hashes[0]`, in worker order.
+/// A worker with a prefix, as the answer is ordered: by length (longest first), then rank.
+#[derive(Debug, Clone, Copy)]
+struct Matched {
+    rank: u32,
+    prefix: u32,
+}
+
+/// A scan's working memory. The workers holding `hashes[0]` are its candidates: those still
+/// unsettled (in worker order), and the settled ones with a prefix. Each thread keeps one
+/// between scans (see [`Candidates::take`]), so that a scan allocates only its answer.
+#[derive(Default)]
 struct Candidates {
-    /// Per worker (dense index), its slot in `all`, or `NO_SLOT`. O(workers ever seen): on the
-    /// heap beyond `INLINE_WORKERS`.
-    slot_of: SmallVec<[u32; INLINE_WORKERS]>,
-    all: SmallVec<[Candidate; INLINE_CANDIDATES]>,
-    /// Slots of the unsettled candidates.
-    active: SmallVec<[u32; INLINE_CANDIDATES]>,
+    active: Vec<Candidate>,
+    matched: Vec<Matched>,
+    /// For ordering the answer (see `Index::hits`).
+    keys: Vec<u64>,
+    bucket_at_rank: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: Cell<Candidates> = Cell::new(Candidates::default());
 }
 
 impl Candidates {
-    /// Folds the placements of the segment starting at query position `stamp - 1` into the
-    /// candidates' views of it.
-    #[inline]
-    fn observe(&mut self, placements: &[Placement], stamp: u32) {
-        for placement in placements {
-            let slot = self.slot_of[placement.worker() as usize];
-            if slot != NO_SLOT {
-                self.all[slot as usize].observe(stamp, placement.tier(), placement.mask);
-            }
+    /// This thread's scratch, empty (a fresh one if a scan on this thread already holds it).
+    fn take() -> Candidates {
+        SCRATCH.with(Cell::take)
+    }
+
+    /// Hands the scratch back to this thread, keeping its capacity when small.
+    fn put_back(mut self) {
+        let bytes = self.active.capacity() * size_of::<Candidate>()
+            + self.matched.capacity() * size_of::<Matched>()
+            + self.keys.capacity() * size_of::<u64>()
+            + self.bucket_at_rank.capacity();
+        if bytes <= SCRATCH_KEEP_BYTES {
+            self.active.clear();
+            self.matched.clear();
+            self.keys.clear();
+            self.bucket_at_rank.clear();
+            SCRATCH.with(|scratch| scratch.set(self));
         }
     }
 
-    /// Steps every unsettled candidate over the segment; returns whether all are now settled.
+    /// Steps every unsettled candidate over the segment, whose blocks have `placements`;
+    /// returns whether all are now settled.
     #[inline]
-    fn settle(&mut self, segment: &mut Segment<'_>) -> bool {
-        let all = &mut self.all;
-        self.active
-            .retain(|slot| !all[*slot as usize].step(segment));
-        self.active.is_empty()
+    fn settle(&mut self, placements: &[Placement], segment: &mut Segment<'_>) -> bool {
+        let active: &mut [Candidate] = &mut self.active;
+        let mut rest = placements;
+        let mut kept = 0;
+        for i in 0..active.len() {
+            let mut candidate = active[i];
+            let mine = take_worker(&mut rest, candidate.worker);
+            if candidate.step(mine, segment) {
+                candidate.finish(&mut self.matched);
+            } else {
+                active[kept] = candidate;
+                kept += 1;
+            }
+        }
+        self.active.truncate(kept);
+        kept == 0
+    }
+
+    /// The scan ended: every candidate left is settled where it stands.
+    fn finish(&mut self) {
+        for candidate in &self.active {
+            candidate.finish(&mut self.matched);
+        }
     }
 }
 
 impl Index {
-    /// Answers `MatchExternalKvPrefix` over `min(len, max_blocks or ∞)` blocks.
-    pub fn match_prefix(
+    /// Answers `MatchExternalKvPrefix` over `min(len, max_blocks or ∞)` blocks, naming workers
+    /// by handle (see [`Index::worker_address`] and [`Index::worker_id`]): one allocation, for
+    /// the answer's vector, and none per match.
+    pub fn match_prefix_hits(
         &self,
         hashes: &[i64],
         max_blocks: u32,
-    ) -> Result<PrefixAnswer, ValidationError> {
+    ) -> Result<PrefixHits, ValidationError> {
         validate_prefix(hashes)?;
         let n = match max_blocks {
             0 => hashes.len(),
             max => hashes.len().min(max as usize),
         };
         let Some(first) = self.locate(hashes[0]) else {
-            return Ok(PrefixAnswer {
+            return Ok(PrefixHits {
                 blocks_read: 1,
-                ..PrefixAnswer::default()
+                ..PrefixHits::default()
             });
         };
-        let mut candidates = Candidates {
-            slot_of: smallvec![NO_SLOT; self.workers.len()],
-            all: SmallVec::new(),
-            active: SmallVec::new(),
-        };
-        self.enlist(&mut candidates, first);
+        let mut candidates = Candidates::take();
         let blocks_read = self.scan(hashes, n, first, &mut candidates);
-        Ok(self.answer(&candidates.all, blocks_read as u32))
+        candidates.finish();
+        let hits = self.hits(&mut candidates, blocks_read as u32);
+        candidates.put_back();
+        Ok(hits)
     }
 
-    /// Makes a candidate of every worker holding the first block (`first`).
-    fn enlist(&self, candidates: &mut Candidates, first: Found) {
-        let first_piece = &self.chunks[first.chunk as usize].pieces[first.piece as usize];
-        for placement in &first_piece.placements {
-            let worker = placement.worker();
-            if candidates.slot_of[worker as usize] != NO_SLOT {
+    /// [`Index::match_prefix_hits`] with the workers' strings: the answer as the contract
+    /// words it.
+    pub fn match_prefix(
+        &self,
+        hashes: &[i64],
+        max_blocks: u32,
+    ) -> Result<PrefixAnswer, ValidationError> {
+        let hits = self.match_prefix_hits(hashes, max_blocks)?;
+        Ok(PrefixAnswer {
+            matches: hits
+                .matches
+                .iter()
+                .map(|hit| PrefixMatch {
+                    worker_address: self.worker_address(hit.worker).to_owned(),
+                    matched_prefix_blocks: hit.matched_prefix_blocks,
+                    worker_id: self.worker_id(hit.worker).to_owned(),
+                })
+                .collect(),
+            best_prefix_blocks: hits.best_prefix_blocks,
+            blocks_read: hits.blocks_read,
+        })
+    }
+
+    /// The id of a worker an answer named.
+    pub fn worker_id(&self, worker: WorkerHandle) -> &str {
+        &self.workers[worker.0 as usize].id
+    }
+
+    /// The address of a worker an answer named, as of this index's state.
+    pub fn worker_address(&self, worker: WorkerHandle) -> &str {
+        &self.workers[worker.0 as usize].address
+    }
+
+    /// Makes a candidate of every worker holding the first segment's blocks (`placements`), in
+    /// worker order, and steps it over that segment; returns whether all are now settled.
+    #[inline]
+    fn enlist(
+        &self,
+        candidates: &mut Candidates,
+        placements: &[Placement],
+        segment: &mut Segment<'_>,
+    ) -> bool {
+        candidates.active.reserve(placements.len());
+        candidates.matched.reserve(placements.len());
+        let mut rest = placements;
+        while let Some(next) = rest.first() {
+            let worker = next.worker();
+            let mine = take_worker(&mut rest, worker);
+            // A worker settled before the scan has prefix 0: nothing to record.
+            let Some(mut candidate) = self.candidate(worker) else {
                 continue;
+            };
+            if candidate.step(mine, segment) {
+                candidate.finish(&mut candidates.matched);
+            } else {
+                candidates.active.push(candidate);
             }
-            candidates.slot_of[worker as usize] = candidates.all.len() as u32;
-            let (candidate, settled) = self.candidate(worker);
-            if !settled {
-                candidates.active.push(candidates.all.len() as u32);
-            }
-            candidates.all.push(candidate);
         }
+        candidates.active.is_empty()
     }
 
     /// Scans the first `n` query hashes a segment at a time, from block 0 stored at `first`,
@@ -283,13 +390,22 @@ impl Index {
         let mut at: Option<Found> = Some(first);
         let mut pos = 0usize;
         loop {
-            let mut segment = Segment::missing(pos);
-            if let Some(found) = at {
-                segment = self.segment_at(found, hashes, pos, n);
-                let piece = &self.chunks[found.chunk as usize].pieces[found.piece as usize];
-                candidates.observe(&piece.placements, pos as u32 + 1);
-            }
-            if candidates.settle(&mut segment) {
+            let (mut segment, placements) = match at {
+                Some(found) => {
+                    let piece = &self.chunks[found.chunk as usize].pieces[found.piece as usize];
+                    (
+                        self.segment_at(found, hashes, pos, n),
+                        &piece.placements[..],
+                    )
+                }
+                None => (Segment::missing(pos), &[][..]),
+            };
+            let settled = if pos == 0 {
+                self.enlist(candidates, placements, &mut segment)
+            } else {
+                candidates.settle(placements, &mut segment)
+            };
+            if settled {
                 return pos + 1;
             }
             let len = (segment.end - segment.start) as usize;
@@ -342,73 +458,122 @@ impl Index {
         })
     }
 
-    /// The answer: candidates with a prefix, longest first, ties by rank (worker-id order).
-    fn answer(&self, candidates: &[Candidate], blocks_read: u32) -> PrefixAnswer {
-        // One packed key per match.
-        let mut order: SmallVec<[u64; INLINE_CANDIDATES]> = candidates
-            .iter()
-            .filter(|c| c.prefix > 0)
-            .map(|c| (u64::from(!c.prefix) << 32) | u64::from(c.rank))
-            .collect();
-        order.sort_unstable();
-        // The answer's strings are cloned before its vector is allocated: all scratch so far is
-        // on the stack (within the `INLINE_*` sizes), so the strings reuse the previous answer's freed ones straight from the
-        // allocator's small-size caches, and the one large request comes last (glibc would
-        // otherwise first consolidate every cached small chunk).
-        let strings: SmallVec<[(String, String); INLINE_CANDIDATES]> = order
-            .iter()
-            .map(|&key| {
-                let worker = &self.workers[self.by_rank[key as u32 as usize] as usize];
-                (worker.address.clone(), worker.id.clone())
-            })
-            .collect();
-        let mut matches = Vec::with_capacity(order.len());
-        for (key, (worker_address, worker_id)) in order.into_iter().zip(strings) {
-            matches.push(PrefixMatch {
-                worker_address,
+    /// The answer: the workers with a prefix, longest first, ties by rank (worker-id order).
+    fn hits(&self, scratch: &mut Candidates, blocks_read: u32) -> PrefixHits {
+        let matched = &scratch.matched;
+        let mut matches: Vec<PrefixHit> = Vec::with_capacity(matched.len());
+        if !self.hits_by_bucket(matched, &mut scratch.bucket_at_rank, &mut matches) {
+            // Sorted as one packed key per match: longest first, then rank.
+            let keys = &mut scratch.keys;
+            keys.extend(
+                matched
+                    .iter()
+                    .map(|m| (u64::from(!m.prefix) << 32) | u64::from(m.rank)),
+            );
+            keys.sort_unstable();
+            matches.extend(keys.iter().map(|&key| PrefixHit {
+                worker: WorkerHandle(self.by_rank[key as u32 as usize]),
                 matched_prefix_blocks: !((key >> 32) as u32),
-                worker_id,
-            });
+            }));
         }
-        PrefixAnswer {
+        PrefixHits {
             best_prefix_blocks: matches.first().map_or(0, |m| m.matched_prefix_blocks),
             matches,
             blocks_read,
         }
     }
 
-    /// The initial scan state of a worker, and whether it is settled (at prefix 0) before the
+    /// Orders a large answer that names a good share of all workers, with few distinct prefix
+    /// lengths (the usual shape: a shared system prompt held everywhere), without a sort: each
+    /// rank gets its length's bucket in a byte per worker, and one walk in rank order places
+    /// every match in its bucket. O(matches + workers), and workers are at most
+    /// `DENSE_SPREAD` × matches here. Returns false, leaving `out` empty, for other answers.
+    fn hits_by_bucket(
+        &self,
+        matched: &[Matched],
+        bucket_at_rank: &mut Vec<u8>,
+        out: &mut Vec<PrefixHit>,
+    ) -> bool {
+        if matched.len() <= BUCKET_MIN_MATCHES || self.workers.len() > DENSE_SPREAD * matched.len()
+        {
+            return false;
+        }
+        // The distinct lengths, longest first.
+        let mut lengths: SmallVec<[u32; MAX_LENGTHS]> = SmallVec::new();
+        let bucket_of = |lengths: &[u32], prefix: u32| lengths.binary_search_by(|l| prefix.cmp(l));
+        let mut last = 0;
+        for m in matched {
+            if m.prefix == last {
+                continue;
+            }
+            last = m.prefix;
+            if let Err(at) = bucket_of(&lengths, m.prefix) {
+                if lengths.len() == MAX_LENGTHS {
+                    return false;
+                }
+                lengths.insert(at, m.prefix);
+            }
+        }
+        // Per rank, its bucket + 1 (0: no match); then where each bucket starts in the answer.
+        bucket_at_rank.resize(self.workers.len(), 0);
+        let mut next = [0usize; MAX_LENGTHS];
+        let (mut last, mut bucket) = (0, 0);
+        for m in matched {
+            if m.prefix != last {
+                last = m.prefix;
+                bucket = bucket_of(&lengths, m.prefix).unwrap_or_default();
+            }
+            bucket_at_rank[m.rank as usize] = bucket as u8 + 1;
+            next[bucket] += 1;
+        }
+        let mut sum = 0;
+        for start in &mut next[..lengths.len()] {
+            (*start, sum) = (sum, sum + *start);
+        }
+        let unset = PrefixHit {
+            worker: WorkerHandle(0),
+            matched_prefix_blocks: 0,
+        };
+        out.resize(matched.len(), unset);
+        for (rank, &bucket) in bucket_at_rank.iter().enumerate() {
+            if bucket != 0 {
+                let bucket = bucket as usize - 1;
+                out[next[bucket]] = PrefixHit {
+                    worker: WorkerHandle(self.by_rank[rank]),
+                    matched_prefix_blocks: lengths[bucket],
+                };
+                next[bucket] += 1;
+            }
+        }
+        true
+    }
+
+    /// The initial scan state of a worker; none when it is settled (at prefix 0) before the
     /// scan starts.
-    fn candidate(&self, worker: u32) -> (Candidate, bool) {
-        let w = &self.workers[worker as usize];
-        let (rule, settled) = match w.spec {
-            None => (
-                Rule::Legacy {
-                    may_fail_closed: w.nonzero_masks > 0,
-                    gap: false,
-                },
-                false,
-            ),
-            Some(spec) => (
-                Rule::Aware {
-                    components: spec.components,
-                    swa_window: u64::from(spec.swa_window_tokens),
-                    servable: Tier::ALL.map(|tier| spec.servable_components(tier)),
-                    swa_run: 0,
-                    swa_broken: false,
-                },
-                !spec.is_valid(),
-            ),
+    #[inline]
+    fn candidate(&self, worker: u32) -> Option<Candidate> {
+        let profile = &self.profiles[worker as usize];
+        if profile.inert {
+            return None;
+        }
+        let rule = match profile.aware {
+            None => Rule::Legacy {
+                may_fail_closed: profile.may_fail_closed,
+                gap: false,
+            },
+            Some(spec) => Rule::Aware {
+                components: spec.components,
+                servable: spec.servable,
+                swa_window: spec.swa_window,
+                swa_broken: false,
+                swa_run: 0,
+            },
         };
-        let candidate = Candidate {
-            rank: w.rank,
-            rule,
+        Some(Candidate {
+            worker,
+            rank: profile.rank,
             prefix: 0,
-            seen_at: 0,
-            held: false,
-            nonzero: false,
-            available: 0,
-        };
-        (candidate, settled || w.address.is_empty())
+            rule,
+        })
     }
 }

@@ -211,6 +211,29 @@ pub struct PrefixAnswer {
     pub blocks_read: u32,
 }
 
+/// A worker as an answer names it: a handle into the [`crate::Index`] that answered, whose
+/// `worker_id` and `worker_address` give its strings. Workers are never forgotten, so a handle
+/// stays valid for that index's lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WorkerHandle(pub(crate) u32);
+
+/// One worker's entry in a [`PrefixHits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixHit {
+    pub worker: WorkerHandle,
+    pub matched_prefix_blocks: u32,
+}
+
+/// The answer to `MatchExternalKvPrefix` with workers by handle: what the server encodes from,
+/// without a `String` per match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixHits {
+    /// Longest prefix first; ties ordered by worker id.
+    pub matches: Vec<PrefixHit>,
+    pub best_prefix_blocks: u32,
+    pub blocks_read: u32,
+}
+
 /// Sizes of the index, for metrics and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IndexStats {

@@ -213,7 +213,11 @@ impl Index {
     fn count_new_block(&mut self, holder: Holder, mask: u32, c: u32) {
         self.blocks += 1;
         self.placements += 1;
-        self.workers[holder.worker() as usize].nonzero_masks += usize::from(mask != 0);
+        if mask != 0 {
+            let w = holder.worker() as usize;
+            self.workers[w].nonzero_masks += 1;
+            self.profiles[w].may_fail_closed = true;
+        }
         self.hold(holder, c);
     }
 
@@ -309,6 +313,7 @@ impl Index {
             i += 1;
         }
         chunk.merge_around(first, i);
+        self.profiles[holder.worker() as usize].may_fail_closed = worker.nonzero_masks > 0;
         if gained {
             self.hold(holder, c);
         }

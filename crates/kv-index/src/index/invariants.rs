@@ -137,6 +137,11 @@ impl Index {
                 worker.nonzero_masks, recount.nonzero[w],
                 "non-zero masks of worker {w}"
             );
+            assert_eq!(
+                self.profiles[w],
+                super::ScanProfile::of(worker),
+                "scan profile of worker {w}"
+            );
             for (tier, chunks) in recount.held[w].iter().enumerate() {
                 for c in chunks {
                     assert!(

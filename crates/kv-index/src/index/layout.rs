@@ -287,6 +287,46 @@ impl Worker {
     }
 }
 
+/// What a prefix scan reads of a worker, kept apart from [`Worker`] so that an answer naming a
+/// thousand workers reads a few cache lines rather than a thousand. Derived from the worker's
+/// address, spec, rank and non-zero masks; refreshed wherever one changes (`check_invariants`
+/// recomputes it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ScanProfile {
+    pub(crate) rank: u32,
+    /// Matches nothing: an empty address or an invalid spec.
+    pub(crate) inert: bool,
+    /// Holds a non-zero mask somewhere (see `Worker::nonzero_masks`).
+    pub(crate) may_fail_closed: bool,
+    /// The component-aware rules' inputs; none for a legacy worker.
+    pub(crate) aware: Option<AwareSpec>,
+}
+
+/// A spec as the component-aware prefix rules use it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AwareSpec {
+    /// The component bits (the low three: see `COMPONENT_*`).
+    pub(crate) components: u8,
+    /// Component bits servable per tier index.
+    pub(crate) servable: [u8; 3],
+    pub(crate) swa_window: u32,
+}
+
+impl ScanProfile {
+    pub(crate) fn of(worker: &Worker) -> ScanProfile {
+        ScanProfile {
+            rank: worker.rank,
+            inert: worker.address.is_empty() || worker.spec.is_some_and(|s| !s.is_valid()),
+            may_fail_closed: worker.nonzero_masks > 0,
+            aware: worker.spec.map(|spec| AwareSpec {
+                components: spec.components as u8,
+                servable: Tier::ALL.map(|tier| spec.servable_components(tier) as u8),
+                swa_window: spec.swa_window_tokens,
+            }),
+        }
+    }
+}
+
 /// Appends a new block to the chunk that ends with `prev` (when there is one and it has room),
 /// else to a new chunk sized for the `remaining` hashes of the action.
 pub(super) fn append_block(

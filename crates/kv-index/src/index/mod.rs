@@ -44,7 +44,7 @@ use crate::types::{IndexStats, ValidApply};
 
 pub use export::{Export, ExportedWorker, Held};
 pub(crate) use layout::{Chunk, Found, Placement};
-use layout::{Worker, found_at};
+use layout::{ScanProfile, Worker, found_at};
 
 /// The largest number of workers a placement can name (30 bits; 2 bits hold the tier).
 pub const MAX_WORKERS: usize = 1 << 30;
@@ -73,6 +73,8 @@ pub struct Index {
     pub(crate) chunks: Vec<Chunk>,
     free_chunks: Vec<u32>,
     pub(crate) workers: Vec<Worker>,
+    /// Per worker, what a prefix scan reads of it.
+    pub(crate) profiles: Vec<ScanProfile>,
     worker_ids: HashMap<String, u32, FxBuildHasher>,
     /// Workers in rank order.
     pub(crate) by_rank: Vec<u32>,
@@ -112,6 +114,7 @@ impl Index {
         let w = &mut self.workers[worker as usize];
         w.address.clone_from(&batch.worker_address);
         w.spec = batch.cache_spec;
+        self.profiles[worker as usize] = ScanProfile::of(w);
         for action in &batch.actions {
             self.apply_action(worker, action);
         }
@@ -125,6 +128,8 @@ impl Index {
         assert!(self.workers.len() < MAX_WORKERS, "worker table is full");
         let worker = self.workers.len() as u32;
         self.workers.push(Worker::new(id));
+        self.profiles
+            .push(ScanProfile::of(&self.workers[worker as usize]));
         self.worker_ids.insert(id.to_owned(), worker);
         // Insert it in worker-id order; the workers after it move one rank down.
         let workers = &self.workers;
@@ -134,6 +139,7 @@ impl Index {
         self.by_rank.insert(rank, worker);
         for (rank, &w) in self.by_rank.iter().enumerate().skip(rank) {
             self.workers[w as usize].rank = rank as u32;
+            self.profiles[w as usize].rank = rank as u32;
         }
         worker
     }
