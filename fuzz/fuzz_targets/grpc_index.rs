@@ -218,6 +218,7 @@ fuzz_target!(|data: &[u8]| {
             } => pair.prefix(pb::MatchExternalKvPrefixRequest {
                 hashes: hashes(&h),
                 max_blocks: u32::from(max_blocks % 8),
+                max_matches: None,
             }),
             Op::MatchKv {
                 hashes: h,
@@ -237,6 +238,7 @@ fuzz_target!(|data: &[u8]| {
                     pair.prefix(pb::MatchExternalKvPrefixRequest {
                         hashes: seed_hashes[start..end].to_vec(),
                         max_blocks: u32::from(max_blocks % 8),
+                        max_matches: None,
                     });
                 }
             }

@@ -329,8 +329,12 @@ impl Index {
         hashes: &[i64],
         max_blocks: u32,
     ) -> Result<PrefixAnswer, ValidationError> {
-        let hits = self.match_prefix_hits(hashes, max_blocks)?;
-        Ok(PrefixAnswer {
+        Ok(self.prefix_answer(&self.match_prefix_hits(hashes, max_blocks)?))
+    }
+
+    /// An answer of this index with its workers' strings.
+    pub fn prefix_answer(&self, hits: &PrefixHits) -> PrefixAnswer {
+        PrefixAnswer {
             matches: hits
                 .matches
                 .iter()
@@ -342,7 +346,7 @@ impl Index {
                 .collect(),
             best_prefix_blocks: hits.best_prefix_blocks,
             blocks_read: hits.blocks_read,
-        })
+        }
     }
 
     /// The id of a worker an answer named.

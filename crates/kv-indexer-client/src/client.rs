@@ -156,6 +156,7 @@ impl IndexerClient {
                     pb::MatchExternalKvPrefixRequest {
                         hashes: sent.to_vec(),
                         max_blocks: 0,
+                        max_matches: None,
                     },
                     timeout,
                 );

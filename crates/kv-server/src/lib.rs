@@ -16,6 +16,7 @@ pub mod config;
 pub mod deadline;
 pub mod error;
 pub mod observe;
+mod prefix_route;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -340,7 +340,8 @@ async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
     let health_service = tonic_health::pb::health_server::HealthServer::new(
         tonic_health::server::HealthService::from_health_reporter(shared.health().clone()),
     );
-    let indexer = KvIndexerServer::new(IndexerService::new(shared))
+    let service = IndexerService::new(shared);
+    let indexer = KvIndexerServer::new(service.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let reflection = || {
@@ -358,7 +359,7 @@ async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
                 .build_v1alpha()
                 .map_err(StartError::Reflection)?,
         );
-    Ok(routes.routes())
+    Ok(crate::prefix_route::add(routes.routes(), service))
 }
 
 /// Shared state for an in-memory server with `config`, ready at once (its writer started).

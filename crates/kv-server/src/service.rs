@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kv_index::{Index, IndexStats, validate_lookup, validate_prefix};
+use kv_index::{Index, IndexStats, PrefixHits, validate_lookup, validate_prefix};
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexer;
 use parking_lot::RwLock;
@@ -38,6 +38,7 @@ use crate::observe;
 use crate::state::writer::Writer;
 use kv_common::DoublingLog;
 use kv_indexer_proto::convert;
+use kv_indexer_proto::encode::{self, EncodedPrefixResponse, PrefixMatchRef};
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -269,14 +270,19 @@ impl Shared {
         })
     }
 
+    /// The scan itself, under the read lock: the answer by worker handle, cut to the request's
+    /// `max_matches`.
     fn prefix_scan(
         &self,
         request: &pb::MatchExternalKvPrefixRequest,
         index: &Index,
-    ) -> Result<pb::MatchExternalKvPrefixResponse, ServerError> {
+    ) -> Result<PrefixHits, ServerError> {
         self.prefix_scans.fetch_add(1, Ordering::Relaxed);
-        let answer = index.match_prefix(&request.hashes, request.max_blocks)?;
-        Ok(convert::prefix_response(answer))
+        let mut hits = index.match_prefix_hits(&request.hashes, request.max_blocks)?;
+        if let Some(limit) = request.max_matches.filter(|&limit| limit > 0) {
+            hits.matches.truncate(limit as usize);
+        }
+        Ok(hits)
     }
 }
 
@@ -330,10 +336,45 @@ impl IndexerService {
         Ok(pb::ApplyExternalKvBatchResponse {})
     }
 
-    async fn match_prefix(
+    /// `MatchExternalKvPrefix` with the response the server sends: encoded straight from the
+    /// index's worker strings, under the read lock (see `prefix_route`).
+    pub(crate) async fn match_prefix_encoded(
+        &self,
+        request: Request<pb::MatchExternalKvPrefixRequest>,
+    ) -> Result<EncodedPrefixResponse, ServerError> {
+        self.match_prefix(request, |hits, index| {
+            let matches = hits.matches.iter().map(|hit| PrefixMatchRef {
+                worker_address: index.worker_address(hit.worker),
+                matched_prefix_blocks: hit.matched_prefix_blocks,
+                worker_id: index.worker_id(hit.worker),
+            });
+            encode::prefix_response(matches, hits.best_prefix_blocks, hits.blocks_read)
+        })
+        .await
+    }
+
+    /// `MatchExternalKvPrefix` as the generated message (the generic path).
+    async fn match_prefix_message(
+        &self,
+        request: Request<pb::MatchExternalKvPrefixRequest>,
+    ) -> Result<pb::MatchExternalKvPrefixResponse, ServerError> {
+        self.match_prefix(request, |hits, index| {
+            convert::prefix_response(index.prefix_answer(&hits))
+        })
+        .await
+    }
+
+    /// Admission, freshness, deadline and validation, then the scan, whose answer `respond`
+    /// turns into the response while the read lock is still held.
+    async fn match_prefix<R, F>(
         &self,
         mut request: Request<pb::MatchExternalKvPrefixRequest>,
-    ) -> Result<pb::MatchExternalKvPrefixResponse, ServerError> {
+        respond: F,
+    ) -> Result<R, ServerError>
+    where
+        R: Send + 'static,
+        F: FnOnce(PrefixHits, &Index) -> R + Send + 'static,
+    {
         let admitted = request.extensions_mut().remove::<Admission>();
         let deadline = deadline(request.metadata(), arrival(&request));
         let shared = &self.shared;
@@ -350,7 +391,8 @@ impl IndexerService {
         let scan = move |shared: &Shared, index: &Index| {
             let _permit = permit;
             shared.check_deadline(deadline)?;
-            shared.prefix_scan(&request, index)
+            let hits = shared.prefix_scan(&request, index)?;
+            Ok(respond(hits, index))
         };
         if long {
             shared.read_blocking(scan).await?
@@ -391,7 +433,7 @@ impl IndexerService {
 
 /// When the request's head arrived (stamped by the accept loop; now when called otherwise): the
 /// start of its deadline and of its latency in the metrics.
-fn arrival<T>(request: &Request<T>) -> Instant {
+pub(crate) fn arrival<T>(request: &Request<T>) -> Instant {
     request
         .extensions()
         .get::<Arrival>()
@@ -399,7 +441,7 @@ fn arrival<T>(request: &Request<T>) -> Instant {
 }
 
 /// Records the outcome of one RPC (latency from its arrival) and turns it into tonic's result.
-fn finish<T>(
+pub(crate) fn finish<T>(
     rpc: &'static str,
     start: Instant,
     result: Result<T, ServerError>,
@@ -437,7 +479,7 @@ impl KvIndexer for IndexerService {
         request: Request<pb::MatchExternalKvPrefixRequest>,
     ) -> Result<Response<pb::MatchExternalKvPrefixResponse>, Status> {
         let start = arrival(&request);
-        let result = self.match_prefix(request).await;
+        let result = self.match_prefix_message(request).await;
         finish("MatchExternalKvPrefix", start, result)
     }
 

@@ -122,6 +122,7 @@ impl Durable {
         let prefix = pb::MatchExternalKvPrefixRequest {
             hashes: hashes.clone(),
             max_blocks: 0,
+            max_matches: None,
         };
         let prefix = client.match_external_kv_prefix(prefix).await;
         let exact = pb::MatchExternalKvRequest {
@@ -293,6 +294,7 @@ async fn answers_unavailable_and_not_serving_until_the_state_is_loaded() {
         .match_external_kv_prefix(pb::MatchExternalKvPrefixRequest {
             hashes: vec![1],
             max_blocks: 0,
+            max_matches: None,
         })
         .await
         .unwrap_err();

@@ -131,6 +131,7 @@ impl Replica {
         let request = pb::MatchExternalKvPrefixRequest {
             hashes: hashes.to_vec(),
             max_blocks: 0,
+            max_matches: None,
         };
         self.client
             .match_external_kv_prefix(request)
@@ -431,6 +432,7 @@ async fn an_engine_outage_refuses_applies_answers_queries_until_the_lag_bound_th
             let request = pb::MatchExternalKvPrefixRequest {
                 hashes: vec![1],
                 max_blocks: 0,
+                max_matches: None,
             };
             client
                 .match_external_kv_prefix(request)

@@ -63,6 +63,7 @@ fn prefix(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
     pb::MatchExternalKvPrefixRequest {
         hashes,
         max_blocks: 0,
+        max_matches: None,
     }
 }
 
@@ -738,4 +739,64 @@ async fn a_query_whose_body_never_comes_loses_its_permit_at_its_deadline() {
         .await
         .expect("the permit is free again");
     assert_eq!(answer.into_inner().best_prefix_blocks, 0);
+}
+
+/// The prefix answer goes out through the server's own encoder; the router decodes it with
+/// prost. It must decode to exactly what the generic path (the index's answer, converted to the
+/// generated message) gives, for large answers (ordered by rank buckets) and small ones
+/// (sorted), and `max_matches` must cut it to its best entries.
+#[tokio::test]
+async fn the_encoded_prefix_answer_is_the_generic_one() {
+    let server = TestIndexer::start().await;
+    let mut client = server.client();
+    let mut index = kv_index::Index::new();
+    let workers = 300;
+    for i in 0..workers {
+        // Registered out of id order, with addresses of every encoded length class.
+        let id = format!("w{:03}", (i * 7919) % workers);
+        let mut request = apply(&id, vec![action(REPORT, HBM, (1..=1 + i % 5).collect())]);
+        if i % 50 == 0 {
+            request.worker_address = format!("http://{}:1", "h".repeat(200 + i as usize));
+        }
+        if i % 3 == 0 {
+            // Some also hold a branch of their own, so that a query along it names few.
+            request.actions.push(action(REPORT, DRAM, vec![1, 100 + i]));
+        }
+        client
+            .apply_external_kv_batch(request.clone())
+            .await
+            .unwrap();
+        let valid = kv_indexer_proto::convert::apply_request(request)
+            .validate()
+            .unwrap();
+        index.apply(&valid);
+    }
+    for (query, max_blocks) in [
+        (vec![1, 2, 3, 4, 5, 6], 0),
+        (vec![1, 2, 3], 2),
+        (vec![1, 103, 7], 0),
+        (vec![9], 0),
+    ] {
+        let expected = kv_indexer_proto::convert::prefix_response(
+            index.match_prefix(&query, max_blocks).unwrap(),
+        );
+        let mut request = prefix(query.clone());
+        request.max_blocks = max_blocks;
+        let answer = client
+            .match_external_kv_prefix(request.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer, expected, "query {query:?}");
+
+        request.max_matches = Some(7);
+        let cut = client
+            .match_external_kv_prefix(request)
+            .await
+            .unwrap()
+            .into_inner();
+        let mut expected_cut = expected.clone();
+        expected_cut.matches.truncate(7);
+        assert_eq!(cut, expected_cut, "query {query:?} cut to 7");
+    }
 }

@@ -382,6 +382,7 @@ async fn spawn_background_scan(
             let request = pb::MatchExternalKvPrefixRequest {
                 hashes: big.clone(),
                 max_blocks: 0,
+                max_matches: None,
             };
             client.match_external_kv_prefix(request).await?;
             latencies.push(start.elapsed().as_micros() as u64);
@@ -422,6 +423,7 @@ async fn query(
                 let mut request = tonic::Request::new(pb::MatchExternalKvPrefixRequest {
                     hashes: prompt.to_vec(),
                     max_blocks: 0,
+                    max_matches: None,
                 });
                 request.set_timeout(timeout);
                 let sent = Instant::now();
