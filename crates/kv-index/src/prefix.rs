@@ -15,6 +15,16 @@
 //! segment ends at the end of its piece, the next piece of the same chunk is tried before probing
 //! again. A query hash nobody holds is a segment of one block without placements.
 //!
+//! Most candidates are *steady*: a legacy worker held at every block so far, or a component-aware
+//! worker whose spec has FULL alone. Whether such a one goes on depends only on its own
+//! placements in the segment, and while it goes on its prefix is the end of the segments so far,
+//! so it keeps no per-segment state. When the next segment is the next piece of the same chunk,
+//! only workers whose placements differ between the two pieces can leave: the scan compares the
+//! two pieces' placement arrays (equal stretches at memory speed) and looks at those workers
+//! alone. A prompt whose shared prefix many workers hold to different depths (a piece boundary
+//! at each depth) then costs O(pieces + candidates), not O(pieces × candidates). Every other
+//! candidate steps over every segment.
+//!
 //! `blocks_read` counts the blocks examined: block 0 always, then each block while some
 //! candidate is unsettled, up to `n`. Candidates settle only at the first block of a segment, so
 //! the scan ends right there.
@@ -128,6 +138,51 @@ fn take_worker<'p>(rest: &mut &'p [Placement], worker: u32) -> &'p [Placement] {
     mine
 }
 
+/// A steady candidate (see the module docs): goes on while its placements allow, with its
+/// prefix the end of the segments so far.
+#[derive(Debug, Clone, Copy)]
+struct Steady {
+    worker: u32,
+    rank: u32,
+    /// The servable component bits per tier index of a FULL-only aware worker; none: legacy.
+    servable: Option<[u8; 3]>,
+    /// A legacy worker holding a non-zero mask somewhere: at a gap it goes on as a general
+    /// candidate (it may still fail closed).
+    may_fail_closed: bool,
+    /// Left at an earlier segment: skipped, and dropped at the next compaction.
+    gone: bool,
+}
+
+/// What a steady candidate's placements in a segment mean for it.
+enum Verdict {
+    Stays,
+    /// Its prefix ends where the segment starts.
+    Leaves,
+    /// A legacy worker showing a non-zero mask: prefix 0.
+    FailsClosed,
+}
+
+impl Steady {
+    #[inline]
+    fn judge(&self, mine: &[Placement]) -> Verdict {
+        match self.servable {
+            None if mine.iter().any(|p| p.mask != 0) => Verdict::FailsClosed,
+            None if mine.is_empty() => Verdict::Leaves,
+            None => Verdict::Stays,
+            Some(servable) => {
+                let full = mine
+                    .iter()
+                    .any(|p| p.mask & u32::from(servable[p.tier().index()]) & COMPONENT_FULL != 0);
+                if full {
+                    Verdict::Stays
+                } else {
+                    Verdict::Leaves
+                }
+            }
+        }
+    }
+}
+
 impl Candidate {
     /// Records this settled candidate's answer, when it has a prefix.
     #[inline]
@@ -201,14 +256,19 @@ impl Candidate {
     }
 }
 
-/// How many leading elements `a` and `b` share.
-fn common_prefix(a: &[i64], b: &[i64]) -> usize {
+/// How many leading elements `a` and `b` share, comparing `key`s eight at a time (which the
+/// compiler vectorizes).
+#[inline]
+fn common_prefix<T>(a: &[T], b: &[T], key: impl Fn(&T) -> u64) -> usize {
     const LANES: usize = 8;
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut same = 0;
     for (x, y) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
-        let diff = x.iter().zip(y).fold(0, |acc, (x, y)| acc | (x ^ y));
+        let diff = x
+            .iter()
+            .zip(y)
+            .fold(0, |acc, (x, y)| acc | (key(x) ^ key(y)));
         if diff != 0 {
             break;
         }
@@ -217,8 +277,40 @@ fn common_prefix(a: &[i64], b: &[i64]) -> usize {
     same + a[same..]
         .iter()
         .zip(&b[same..])
-        .take_while(|(x, y)| x == y)
+        .take_while(|(x, y)| key(x) == key(y))
         .count()
+}
+
+/// Calls `changed` with every worker whose placements differ between `a` and `b` (each sorted
+/// by holder), in worker order, maybe more than once. Equal stretches cost a vector compare.
+#[inline]
+fn for_each_changed(a: &[Placement], b: &[Placement], mut changed: impl FnMut(u32)) {
+    let (mut i, mut k) = (0, 0);
+    loop {
+        let same = common_prefix(&a[i..], &b[k..], |p| p.key());
+        i += same;
+        k += same;
+        match (a.get(i), b.get(k)) {
+            (None, None) => return,
+            (Some(x), None) => {
+                changed(x.worker());
+                i += 1;
+            }
+            (None, Some(y)) => {
+                changed(y.worker());
+                k += 1;
+            }
+            (Some(x), Some(y)) => {
+                changed(x.worker().min(y.worker()));
+                if x.holder <= y.holder {
+                    i += 1;
+                }
+                if y.holder <= x.holder {
+                    k += 1;
+                }
+            }
+        }
+    }
 }
 
 /// A worker with a prefix, as the answer is ordered: by length (longest first), then rank.
@@ -233,6 +325,11 @@ struct Matched {
 /// between scans (see [`Candidates::take`]), so that a scan allocates only its answer.
 #[derive(Default)]
 struct Candidates {
+    /// Steady candidates, in worker order, some `gone`.
+    steady: Vec<Steady>,
+    /// Steady candidates not gone.
+    steady_left: usize,
+    /// The other unsettled candidates, in worker order.
     active: Vec<Candidate>,
     matched: Vec<Matched>,
     /// For ordering the answer (see `Index::hits`).
@@ -252,11 +349,14 @@ impl Candidates {
 
     /// Hands the scratch back to this thread, keeping its capacity when small.
     fn put_back(mut self) {
-        let bytes = self.active.capacity() * size_of::<Candidate>()
+        let bytes = self.steady.capacity() * size_of::<Steady>()
+            + self.active.capacity() * size_of::<Candidate>()
             + self.matched.capacity() * size_of::<Matched>()
             + self.keys.capacity() * size_of::<u64>()
             + self.bucket_at_rank.capacity();
         if bytes <= SCRATCH_KEEP_BYTES {
+            self.steady.clear();
+            self.steady_left = 0;
             self.active.clear();
             self.matched.clear();
             self.keys.clear();
@@ -265,31 +365,135 @@ impl Candidates {
         }
     }
 
-    /// Steps every unsettled candidate over the segment, whose blocks have `placements`;
-    /// returns whether all are now settled.
+    /// Takes every unsettled candidate over the segment, whose blocks have `placements`;
+    /// `previous` is the previous segment's placements when this segment is the next piece of
+    /// the same chunk. Returns whether all are now settled.
     #[inline]
-    fn settle(&mut self, placements: &[Placement], segment: &mut Segment<'_>) -> bool {
-        let active: &mut [Candidate] = &mut self.active;
+    fn settle(
+        &mut self,
+        placements: &[Placement],
+        previous: Option<&[Placement]>,
+        segment: &mut Segment<'_>,
+    ) -> bool {
+        if self.steady_left > 0 {
+            match previous {
+                Some(previous) => self.settle_changed(previous, placements, segment.start),
+                None => self.settle_steady(placements, segment.start),
+            }
+        }
+        if !self.active.is_empty() {
+            self.settle_active(placements, segment);
+        }
+        self.steady_left == 0 && self.active.is_empty()
+    }
+
+    /// Judges every steady candidate by its placements in the segment starting at `start`.
+    fn settle_steady(&mut self, placements: &[Placement], start: u32) {
         let mut rest = placements;
         let mut kept = 0;
-        for i in 0..active.len() {
-            let mut candidate = active[i];
+        for i in 0..self.steady.len() {
+            let candidate = self.steady[i];
+            if candidate.gone {
+                continue;
+            }
+            let verdict = candidate.judge(take_worker(&mut rest, candidate.worker));
+            if let Verdict::Stays = verdict {
+                self.steady[kept] = candidate;
+                kept += 1;
+            } else {
+                self.leave(candidate, verdict, start);
+            }
+        }
+        self.steady.truncate(kept);
+        self.steady_left = kept;
+    }
+
+    /// Judges the steady candidates whose placements changed from `previous` (where every
+    /// steady candidate stayed) to `placements`, in the segment starting at `start`.
+    fn settle_changed(&mut self, previous: &[Placement], placements: &[Placement], start: u32) {
+        let mut last = None;
+        let mut gone = 0;
+        for_each_changed(previous, placements, |worker| {
+            if last == Some(worker) {
+                return;
+            }
+            last = Some(worker);
+            let Ok(i) = self.steady.binary_search_by_key(&worker, |c| c.worker) else {
+                return;
+            };
+            let candidate = self.steady[i];
+            if candidate.gone {
+                return;
+            }
+            let from = placements.partition_point(|p| p.worker() < worker);
+            let mut rest = &placements[from..];
+            let verdict = candidate.judge(take_worker(&mut rest, worker));
+            if !matches!(verdict, Verdict::Stays) {
+                self.steady[i].gone = true;
+                gone += 1;
+                self.leave(candidate, verdict, start);
+            }
+        });
+        self.steady_left -= gone;
+        // Compact once the gone outnumber the left, so that lookups stay short.
+        if self.steady.len() > 2 * self.steady_left {
+            self.steady.retain(|c| !c.gone);
+        }
+    }
+
+    /// A steady candidate leaves at the segment starting at `start`.
+    fn leave(&mut self, candidate: Steady, verdict: Verdict, start: u32) {
+        match verdict {
+            Verdict::Stays | Verdict::FailsClosed => {}
+            Verdict::Leaves if candidate.may_fail_closed => {
+                // A legacy worker at its first gap that may still fail closed.
+                let general = Candidate {
+                    worker: candidate.worker,
+                    rank: candidate.rank,
+                    prefix: start,
+                    rule: Rule::Legacy {
+                        may_fail_closed: true,
+                        gap: true,
+                    },
+                };
+                let at = self.active.partition_point(|c| c.worker < candidate.worker);
+                self.active.insert(at, general);
+            }
+            Verdict::Leaves if start > 0 => self.matched.push(Matched {
+                rank: candidate.rank,
+                prefix: start,
+            }),
+            Verdict::Leaves => {}
+        }
+    }
+
+    /// Steps every general candidate over the segment.
+    fn settle_active(&mut self, placements: &[Placement], segment: &mut Segment<'_>) {
+        let mut rest = placements;
+        let mut kept = 0;
+        for i in 0..self.active.len() {
+            let candidate = &mut self.active[i];
             let mine = take_worker(&mut rest, candidate.worker);
             if candidate.step(mine, segment) {
                 candidate.finish(&mut self.matched);
             } else {
-                active[kept] = candidate;
+                self.active.swap(kept, i);
                 kept += 1;
             }
         }
         self.active.truncate(kept);
-        kept == 0
     }
 
-    /// The scan ended: every candidate left is settled where it stands.
-    fn finish(&mut self) {
+    /// The scan ended at `end`: every candidate left is settled where it stands.
+    fn finish(&mut self, end: u32) {
         for candidate in &self.active {
             candidate.finish(&mut self.matched);
+        }
+        for candidate in self.steady.iter().filter(|c| !c.gone) {
+            self.matched.push(Matched {
+                rank: candidate.rank,
+                prefix: end,
+            });
         }
     }
 }
@@ -316,7 +520,7 @@ impl Index {
         };
         let mut candidates = Candidates::take();
         let blocks_read = self.scan(hashes, n, first, &mut candidates);
-        candidates.finish();
+        candidates.finish(n as u32);
         let hits = self.hits(&mut candidates, blocks_read as u32);
         candidates.put_back();
         Ok(hits)
@@ -368,23 +572,32 @@ impl Index {
         placements: &[Placement],
         segment: &mut Segment<'_>,
     ) -> bool {
-        candidates.active.reserve(placements.len());
+        candidates.steady.reserve(placements.len());
         candidates.matched.reserve(placements.len());
         let mut rest = placements;
         while let Some(next) = rest.first() {
             let worker = next.worker();
             let mine = take_worker(&mut rest, worker);
             // A worker settled before the scan has prefix 0: nothing to record.
-            let Some(mut candidate) = self.candidate(worker) else {
-                continue;
-            };
-            if candidate.step(mine, segment) {
-                candidate.finish(&mut candidates.matched);
-            } else {
-                candidates.active.push(candidate);
+            match self.candidate(worker) {
+                None => {}
+                Some(Enlisted::Steady(candidate)) => {
+                    // Leaving at block 0 also means prefix 0.
+                    if let Verdict::Stays = candidate.judge(mine) {
+                        candidates.steady.push(candidate);
+                    }
+                }
+                Some(Enlisted::General(mut candidate)) => {
+                    if candidate.step(mine, segment) {
+                        candidate.finish(&mut candidates.matched);
+                    } else {
+                        candidates.active.push(candidate);
+                    }
+                }
             }
         }
-        candidates.active.is_empty()
+        candidates.steady_left = candidates.steady.len();
+        candidates.steady.is_empty() && candidates.active.is_empty()
     }
 
     /// Scans the first `n` query hashes a segment at a time, from block 0 stored at `first`,
@@ -393,6 +606,8 @@ impl Index {
     fn scan(&self, hashes: &[i64], n: usize, first: Found, candidates: &mut Candidates) -> usize {
         let mut at: Option<Found> = Some(first);
         let mut pos = 0usize;
+        // The placements of the previous segment when `at` is the next piece of its chunk.
+        let mut previous: Option<&[Placement]> = None;
         loop {
             let (mut segment, placements) = match at {
                 Some(found) => {
@@ -407,7 +622,7 @@ impl Index {
             let settled = if pos == 0 {
                 self.enlist(candidates, placements, &mut segment)
             } else {
-                candidates.settle(placements, &mut segment)
+                candidates.settle(placements, previous, &mut segment)
             };
             if settled {
                 return pos + 1;
@@ -417,9 +632,9 @@ impl Index {
             if pos >= n {
                 return n;
             }
-            at = at
-                .and_then(|found| self.next_piece(found, len, hashes[pos]))
-                .or_else(|| self.locate(hashes[pos]));
+            let next = at.and_then(|found| self.next_piece(found, len, hashes[pos]));
+            previous = next.map(|_| placements);
+            at = next.or_else(|| self.locate(hashes[pos]));
         }
     }
 
@@ -434,6 +649,7 @@ impl Index {
         let len = 1 + common_prefix(
             &hashes[pos + 1..pos + limit],
             &chunk.hashes[offset + 1..offset + limit],
+            |&hash| hash as u64,
         );
         Segment {
             start: pos as u32,
@@ -555,16 +771,26 @@ impl Index {
     /// The initial scan state of a worker; none when it is settled (at prefix 0) before the
     /// scan starts.
     #[inline]
-    fn candidate(&self, worker: u32) -> Option<Candidate> {
+    fn candidate(&self, worker: u32) -> Option<Enlisted> {
         let profile = &self.profiles[worker as usize];
         if profile.inert {
             return None;
         }
+        let steady = |servable: Option<[u8; 3]>| {
+            Enlisted::Steady(Steady {
+                worker,
+                rank: profile.rank,
+                // Only the legacy rules fail closed.
+                may_fail_closed: servable.is_none() && profile.may_fail_closed,
+                servable,
+                gone: false,
+            })
+        };
         let rule = match profile.aware {
-            None => Rule::Legacy {
-                may_fail_closed: profile.may_fail_closed,
-                gap: false,
-            },
+            None => return Some(steady(None)),
+            Some(spec) if u32::from(spec.components) & (COMPONENT_SWA | COMPONENT_MAMBA) == 0 => {
+                return Some(steady(Some(spec.servable)));
+            }
             Some(spec) => Rule::Aware {
                 components: spec.components,
                 servable: spec.servable,
@@ -573,11 +799,17 @@ impl Index {
                 swa_run: 0,
             },
         };
-        Some(Candidate {
+        Some(Enlisted::General(Candidate {
             worker,
             rank: profile.rank,
             prefix: 0,
             rule,
-        })
+        }))
     }
+}
+
+/// A worker made a candidate.
+enum Enlisted {
+    Steady(Steady),
+    General(Candidate),
 }

@@ -928,3 +928,130 @@ fn model_hits_vanish_with_the_block() {
         })
     );
 }
+
+/// One worker of [`deep_fleet`]: how it holds a shared chain.
+#[derive(Debug, Clone)]
+struct Depth {
+    /// 0 legacy, 1 legacy with a non-zero mask on a block of its own, 2 aware FULL only,
+    /// 3 aware FULL + SWA, 4 aware FULL + Mamba.
+    kind: u8,
+    tier: i32,
+    /// It holds chain blocks `0..cut`...
+    cut: usize,
+    /// ...but for a revoked stretch `gap.0..gap.0 + gap.1`, if any.
+    gap: Option<(usize, usize)>,
+    /// Component masks of its blocks (aware workers), cycled.
+    masks: Vec<u32>,
+}
+
+fn depth() -> impl Strategy<Value = Depth> {
+    (
+        0u8..5,
+        1i32..=3,
+        1usize..=CHAIN,
+        proptest::option::weighted(0.3, (0usize..CHAIN, 1usize..20)),
+        vec(
+            prop_oneof![4 => Just(FULL | SWA | MAMBA), 1 => 0u32..8],
+            1..4,
+        ),
+    )
+        .prop_map(|(kind, tier, cut, gap, masks)| Depth {
+            kind,
+            tier,
+            cut,
+            gap,
+            masks,
+        })
+}
+
+const CHAIN: usize = 120;
+
+/// Many workers holding one chain to different depths, as caches evicting from the tail leave
+/// a shared system prompt: every depth is a piece boundary of the chunk, where the scan compares
+/// neighbouring pieces instead of stepping every candidate. The answers must be the model's.
+fn deep_fleet(fleet: &[Depth], queries: &[(usize, usize, u32)]) -> Result<(), TestCaseError> {
+    let chain: Vec<i64> = (0..CHAIN as i64).map(|i| 1_000 + i).collect();
+    let mut model = Model::new();
+    let mut index = Index::new();
+    for (w, worker) in fleet.iter().enumerate() {
+        let id = format!("deep-{:02}", (w * 37) % 97);
+        let spec = |components| CacheSpec {
+            version: 1,
+            components,
+            swa_window_tokens: 64,
+            full_tier_mask: 0b110,
+            swa_tier_mask: 0b110,
+            mamba_tier_mask: 0b010,
+        };
+        let (spec, masked) = match worker.kind {
+            0 | 1 => (None, false),
+            2 => (Some(spec(FULL)), true),
+            3 => (Some(spec(FULL | SWA)), true),
+            _ => (Some(spec(FULL | MAMBA)), true),
+        };
+        let hashes = &chain[..worker.cut];
+        let masks: Vec<u32> = if masked {
+            (0..hashes.len())
+                .map(|i| worker.masks[i % worker.masks.len()])
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut actions = vec![act(1, worker.tier, hashes, &masks, &[16])];
+        actions[0].block_sizes = vec![16; hashes.len()];
+        if worker.kind == 1 {
+            // A block off the chain with a non-zero mask: this legacy worker may fail closed.
+            actions.push(act(1, worker.tier, &[-(w as i64) - 1], &[FULL], &[]));
+        }
+        if let Some((from, len)) = worker.gap {
+            let end = (from + len).min(worker.cut);
+            if from < end {
+                actions.push(act(2, worker.tier, &chain[from..end], &[], &[]));
+            }
+        }
+        let request = req(&id, spec, actions);
+        let expected = model.apply(&request);
+        let real = request.validate().map(|valid| index.apply(&valid));
+        prop_assert_eq!(real, expected, "apply of {}", id);
+    }
+    index.check_invariants();
+    for &(from, len, max_blocks) in queries {
+        let mut query: Vec<i64> = chain
+            .iter()
+            .copied()
+            .cycle()
+            .skip(from % CHAIN)
+            .take(len)
+            .collect();
+        if from % 3 == 0 && len > 2 {
+            query[len / 2] = 7; // a hash nobody holds
+        }
+        prop_assert_eq!(
+            index.match_prefix(&query, max_blocks),
+            model.match_prefix(&query, max_blocks),
+            "query from {} of {} blocks, max {}",
+            from,
+            len,
+            max_blocks
+        );
+    }
+    // The chain from its start, whole.
+    prop_assert_eq!(
+        index.match_prefix(&chain, 0),
+        model.match_prefix(&chain, 0),
+        "the whole chain"
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..config() })]
+
+    #[test]
+    fn a_chain_held_to_many_depths_agrees_with_the_model(
+        fleet in vec(depth(), 1..80),
+        queries in vec((0usize..4, 1usize..=CHAIN + 10, 0u32..130), 1..6),
+    ) {
+        deep_fleet(&fleet, &queries)?;
+    }
+}

@@ -54,6 +54,12 @@ impl Placement {
     pub(crate) fn tier(self) -> Tier {
         self.holder.tier()
     }
+
+    /// Holder and mask in one word: equal keys, equal placements.
+    #[inline]
+    pub(crate) fn key(self) -> u64 {
+        (u64::from(self.holder.0) << 32) | u64::from(self.mask)
+    }
 }
 
 /// The placements of every block of a piece, sorted by holder; empty = the blocks are dead.
