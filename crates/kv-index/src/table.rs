@@ -63,6 +63,12 @@ impl BlockTable {
         ((hash as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
     }
 
+    /// Reads `hash`'s home slot and nothing else: one load with no branch on what it finds,
+    /// so that many of them (see `Index::warm_ahead`) miss the cache at once.
+    pub(crate) fn touch(&self, hash: i64) -> u64 {
+        self.slots.get(self.home(hash)).map_or(0, |slot| slot[1])
+    }
+
     pub(crate) fn get(&self, hash: i64) -> Option<Loc> {
         match self.probe(hash) {
             Probe::Found(_, loc) => Some(loc),
