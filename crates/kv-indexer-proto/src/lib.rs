@@ -12,7 +12,7 @@ pub mod v1 {
 
 #[cfg(feature = "index")]
 pub mod convert;
-pub mod encode;
+pub mod prefix_wire;
 
 /// The encoded `FileDescriptorSet` of the proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -1,15 +1,15 @@
 //! The route of `MatchExternalKvPrefix`, the one hot RPC: served ahead of the generated
-//! `KVIndexer` server, with the same codec settings, but answering with the response encoded
-//! straight from the index (`kv_indexer_proto::encode`) rather than a generated message built
-//! with a `String` per match. Every other method goes to the generated server.
+//! `KVIndexer` server, with the same codec settings, but with the hand-written wire of
+//! `kv_indexer_proto::prefix_wire`: the request's hashes decoded a buffer chunk at a time, the
+//! response encoded straight from the index rather than a generated message built with a
+//! `String` per match. Every other method goes to the generated server.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
-use kv_indexer_proto::encode::EncodedPrefixResponse;
-use kv_indexer_proto::v1 as pb;
+use kv_indexer_proto::prefix_wire::{DecodedPrefixRequest, EncodedPrefixResponse};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
@@ -43,8 +43,7 @@ impl tower::Service<http::Request<axum::body::Body>> for PrefixRoute {
     fn call(&mut self, request: http::Request<axum::body::Body>) -> Self::Future {
         let method = PrefixMethod(self.0.clone());
         Box::pin(async move {
-            let codec =
-                ProstCodec::<EncodedPrefixResponse, pb::MatchExternalKvPrefixRequest>::default();
+            let codec = ProstCodec::<EncodedPrefixResponse, DecodedPrefixRequest>::default();
             let mut grpc = tonic::server::Grpc::new(codec)
                 .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES));
             Ok(grpc.unary(method, request).await)
@@ -55,13 +54,14 @@ impl tower::Service<http::Request<axum::body::Body>> for PrefixRoute {
 /// The RPC side: the service's prefix query, recorded like every RPC.
 struct PrefixMethod(IndexerService);
 
-impl tonic::server::UnaryService<pb::MatchExternalKvPrefixRequest> for PrefixMethod {
+impl tonic::server::UnaryService<DecodedPrefixRequest> for PrefixMethod {
     type Response = EncodedPrefixResponse;
     type Future = BoxFuture<Result<Response<EncodedPrefixResponse>, Status>>;
 
-    fn call(&mut self, request: Request<pb::MatchExternalKvPrefixRequest>) -> Self::Future {
+    fn call(&mut self, request: Request<DecodedPrefixRequest>) -> Self::Future {
         let service = self.0.clone();
         Box::pin(async move {
+            let request = request.map(|decoded| decoded.0);
             let start = arrival(&request);
             let result = service.match_prefix_encoded(request).await;
             finish("MatchExternalKvPrefix", start, result)

@@ -38,7 +38,7 @@ use crate::observe;
 use crate::state::writer::Writer;
 use kv_common::DoublingLog;
 use kv_indexer_proto::convert;
-use kv_indexer_proto::encode::{self, EncodedPrefixResponse, PrefixMatchRef};
+use kv_indexer_proto::prefix_wire::{self, EncodedPrefixResponse, PrefixMatchRef};
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -348,7 +348,7 @@ impl IndexerService {
                 matched_prefix_blocks: hit.matched_prefix_blocks,
                 worker_id: index.worker_id(hit.worker),
             });
-            encode::prefix_response(matches, hits.best_prefix_blocks, hits.blocks_read)
+            prefix_wire::prefix_response(matches, hits.best_prefix_blocks, hits.blocks_read)
         })
         .await
     }
