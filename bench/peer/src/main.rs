@@ -77,6 +77,16 @@ struct Row {
     peer: Side,
     check: Check,
     elapsed: Duration,
+    /// Of which the main thread waited for a CPU (when the kernel tells).
+    cpu_wait: Option<Duration>,
+}
+
+/// How long the main thread has waited for a CPU while runnable (Linux schedstat), to show
+/// how much other work on the machine (or the peer's own threads) disturbed a run.
+fn cpu_wait() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 /// Sorted per-query nanoseconds.
@@ -87,6 +97,7 @@ fn sorted(mut ns: Vec<u64>) -> Vec<u64> {
 
 fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool, threads: usize) -> Row {
     let started = Instant::now();
+    let wait_before = cpu_wait();
     let mut replay = Replay::new(trace, workers, split, hints);
     let requests = replay.pages.len();
 
@@ -202,6 +213,9 @@ fn run(trace: &[Vec<u64>], workers: usize, split: u32, hints: bool, threads: usi
         },
         check,
         elapsed: started.elapsed(),
+        cpu_wait: cpu_wait()
+            .zip(wait_before)
+            .map(|(after, before)| after - before),
     }
 }
 
@@ -254,6 +268,11 @@ fn print_row(row: &Row, threads: usize) {
         println!("{name:<24} {ours:>10.2} {peer:>10.2} {ratio:>10.2}");
     }
     println!(
+        "run: {:.1} s, of which the main thread waited {} for a CPU",
+        row.elapsed.as_secs_f64(),
+        waited(row)
+    );
+    println!(
         "ingest: kv-index {:.1} ms in applies (first apply of each worker {:.1} ms), peer {:.1} ms to the barrier",
         row.ours_ingest.as_secs_f64() * 1e3,
         row.ours_first_applies.as_secs_f64() * 1e3,
@@ -284,6 +303,11 @@ fn print_row(row: &Row, threads: usize) {
     println!();
 }
 
+fn waited(row: &Row) -> String {
+    row.cpu_wait
+        .map_or("n/a".to_owned(), |wait| format!("{} ms", wait.as_millis()))
+}
+
 fn main() {
     let settings = plan::Settings::from_env();
     let workers = settings.workers(&DEFAULT_WORKERS);
@@ -307,16 +331,24 @@ fn main() {
             for &hints in &hint_modes {
                 eprintln!("running {w} workers × split {split} ...");
                 let row = run(&trace, w, split, hints, threads);
-                eprintln!("  done in {:.1} s", row.elapsed.as_secs_f64());
+                eprintln!(
+                    "  done in {:.1} s, {} waiting for a CPU",
+                    row.elapsed.as_secs_f64(),
+                    waited(&row)
+                );
                 print_row(&row, threads);
                 rows.push(row);
             }
         }
     }
 
-    println!("summary (ours / peer; × = how many times better kv-index is)");
     println!(
-        "{:>7} {:>5} {:>5} {:>11} {:>15} {:>6} {:>15} {:>6} {:>13} {:>6} {:>13} {:>6} {:>13} {:>6} {:>10}",
+        "summary (ours / peer; × = how many times better kv-index is; cpu wait: the main thread's \
+         time runnable but not running: other work on the machine, or the peer's write threads \
+         on the same core)"
+    );
+    println!(
+        "{:>7} {:>5} {:>5} {:>11} {:>15} {:>6} {:>15} {:>6} {:>13} {:>6} {:>13} {:>6} {:>13} {:>6} {:>10} {:>8}",
         "workers",
         "split",
         "hints",
@@ -331,12 +363,13 @@ fn main() {
         "×",
         "removal M/s",
         "×",
-        "mismatch"
+        "mismatch",
+        "cpu wait"
     );
     for r in &rows {
         let pair = |a: f64, b: f64| format!("{a:.1} / {b:.1}");
         println!(
-            "{:>7} {:>5} {:>5} {:>11} {:>15} {:>6.2} {:>15} {:>6.2} {:>13} {:>6.2} {:>13} {:>6.2} {:>13} {:>6.2} {:>10}",
+            "{:>7} {:>5} {:>5} {:>11} {:>15} {:>6.2} {:>15} {:>6.2} {:>13} {:>6.2} {:>13} {:>6.2} {:>13} {:>6.2} {:>10} {:>8}",
             r.workers,
             r.split,
             if r.hints { "on" } else { "off" },
@@ -352,6 +385,7 @@ fn main() {
             pair(r.ours.removal_mps, r.peer.removal_mps),
             r.ours.removal_mps / r.peer.removal_mps,
             format!("{}/{}", r.check.mismatched, r.check.queries),
+            waited(r),
         );
     }
 }
