@@ -120,7 +120,7 @@ impl Segment<'_> {
 /// dropping those of lower workers; `rest` moves past them. Candidates come in worker order
 /// too, so one segment costs O(candidates + placements) at most, and a few candidates facing a
 /// crowded piece binary-search past the workers in between.
-#[inline]
+#[inline(always)]
 fn take_worker<'p>(rest: &mut &'p [Placement], worker: u32) -> &'p [Placement] {
     let all = *rest;
     let mut skip = 0;
@@ -389,6 +389,17 @@ impl Candidates {
 
     /// Judges every steady candidate by its placements in the segment starting at `start`.
     fn settle_steady(&mut self, placements: &[Placement], start: u32) {
+        if placements.is_empty() {
+            // Nobody holds the segment: every one leaves.
+            let steady = std::mem::take(&mut self.steady);
+            for candidate in steady.iter().filter(|c| !c.gone) {
+                self.leave(*candidate, Verdict::Leaves, start);
+            }
+            self.steady = steady;
+            self.steady.clear();
+            self.steady_left = 0;
+            return;
+        }
         let mut rest = placements;
         let mut kept = 0;
         for i in 0..self.steady.len() {
@@ -442,6 +453,7 @@ impl Candidates {
     }
 
     /// A steady candidate leaves at the segment starting at `start`.
+    #[inline]
     fn leave(&mut self, candidate: Steady, verdict: Verdict, start: u32) {
         match verdict {
             Verdict::Stays | Verdict::FailsClosed => {}
