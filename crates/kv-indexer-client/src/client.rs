@@ -266,14 +266,14 @@ impl IndexerClient {
 }
 
 /// tonic reports a connection that failed under a call (a TLS peer that refuses our
-/// certificate, a plain server that drops a TLS hello) as UNKNOWN "transport error"; for the
-/// router that is an unreachable replica, not an answer, so it becomes UNAVAILABLE with the
-/// cause in the message.
+/// certificate, a plain server that drops a TLS hello) as UNKNOWN "transport error", and one
+/// closed before it answered (a server over its connection bound) as CANCELLED "operation was
+/// canceled"; for the router either is an unreachable replica, not an answer, so it becomes
+/// UNAVAILABLE with the cause in the message.
 pub fn transport_is_unavailable(status: Status) -> Status {
+    let transport_failed = matches!(status.code(), tonic::Code::Unknown | tonic::Code::Cancelled);
     match std::error::Error::source(&status) {
-        Some(source)
-            if status.code() == tonic::Code::Unknown && source.is::<tonic::transport::Error>() =>
-        {
+        Some(source) if transport_failed && source.is::<tonic::transport::Error>() => {
             Status::unavailable(format!("{}: {}", status.message(), error_chain(source)))
         }
         _ => status,

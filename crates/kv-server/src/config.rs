@@ -1,7 +1,7 @@
 //! Server configuration: every setting is a `--flag` and its documented environment variable.
 
 use std::net::SocketAddr;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::PathBuf;
 
 use std::time::Duration;
@@ -33,6 +33,21 @@ pub struct Args {
         default_value = "32"
     )]
     pub prefix_query_max_inflight: NonZeroUsize,
+
+    /// Threads that run prefix scans, below the priority of the threads serving HTTP/2
+    /// (default: one per CPU this process may run on).
+    #[arg(long, env = "KV_INDEXER_QUERY_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub query_threads: Option<u16>,
+
+    /// Connections the listen address serves at once; a new one beyond is closed at once
+    /// (default: no bound). The apply address is never bounded.
+    #[arg(long, env = "KV_INDEXER_MAX_CONNECTIONS")]
+    pub max_connections: Option<NonZeroUsize>,
+
+    /// HTTP/2 streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS):
+    /// a client queues its further calls; a stream beyond is reset with REFUSED_STREAM.
+    #[arg(long, env = "KV_INDEXER_MAX_CONCURRENT_STREAMS", default_value = "64")]
+    pub max_concurrent_streams: NonZeroU32,
 
     /// Address of the admin HTTP server serving Prometheus metrics on /metrics (off when unset).
     #[arg(long, env = "KV_INDEXER_METRICS_ADDR")]
@@ -131,11 +146,33 @@ pub struct FleetConfig {
     pub max_lag: Duration,
 }
 
+/// What one listener lets its clients hold at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections served at once (`None`: no bound); a new one beyond is closed at once.
+    pub max_connections: Option<usize>,
+    /// HTTP/2 streams open at once on one connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: None,
+            max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+        }
+    }
+}
+
 /// The validated settings the service runs with. The access settings (TLS, tokens) are part
 /// of it, so a server cannot be started without the ones configured.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub prefix_query_max_inflight: usize,
+    /// Threads running prefix scans (`crate::pool`).
+    pub query_threads: usize,
+    /// The listen address's connection limits (the apply address has none but the streams').
+    pub connections: ConnectionLimits,
     /// TLS and tokens, read and checked; open (plain, no tokens) by default.
     pub access: Access,
     /// How long a shutdown waits for open connections to finish before it drops them.
@@ -154,11 +191,20 @@ pub struct Config {
 
 /// The default of [`Config::drain_timeout`].
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default of [`ConnectionLimits::max_concurrent_streams`].
+pub const MAX_CONCURRENT_STREAMS: u32 = 64;
+
+/// The default of [`Config::query_threads`]: one per CPU this process may run on.
+pub fn default_query_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
+}
 
 impl Default for Config {
     fn default() -> Config {
         Config {
             prefix_query_max_inflight: 32,
+            query_threads: default_query_threads(),
+            connections: ConnectionLimits::default(),
             access: Access::default(),
             drain_timeout: DRAIN_TIMEOUT,
             writer: WriterConfig {
@@ -189,6 +235,13 @@ impl Config {
         };
         Ok(Config {
             prefix_query_max_inflight: args.prefix_query_max_inflight.get(),
+            query_threads: args
+                .query_threads
+                .map_or_else(default_query_threads, usize::from),
+            connections: ConnectionLimits {
+                max_connections: args.max_connections.map(NonZeroUsize::get),
+                max_concurrent_streams: args.max_concurrent_streams.get(),
+            },
             access: Access::from_args(args)?,
             drain_timeout: Duration::from_secs(args.drain_timeout_s),
             writer: WriterConfig {
@@ -208,16 +261,39 @@ impl Config {
 mod tests {
     use super::*;
 
-    fn check(argv: &[&str], expect: Result<(&str, usize), &str>) {
+    /// What a parsed command line should give.
+    #[derive(Debug)]
+    struct Want {
+        addr: &'static str,
+        inflight: usize,
+        query_threads: usize,
+        connections: ConnectionLimits,
+    }
+
+    impl Default for Want {
+        fn default() -> Want {
+            Want {
+                addr: "[::1]:50051",
+                inflight: 32,
+                query_threads: default_query_threads(),
+                connections: ConnectionLimits {
+                    max_connections: None,
+                    max_concurrent_streams: 64,
+                },
+            }
+        }
+    }
+
+    fn check(argv: &[&str], expect: Result<Want, &str>) {
         let mut full = vec!["kv-indexer-server"];
         full.extend_from_slice(argv);
         match (Args::try_parse_from(full), expect) {
-            (Ok(args), Ok((addr, inflight))) => {
-                assert_eq!(args.listen_addr.to_string(), addr);
-                assert_eq!(
-                    Config::from_args(&args).unwrap().prefix_query_max_inflight,
-                    inflight
-                );
+            (Ok(args), Ok(want)) => {
+                assert_eq!(args.listen_addr.to_string(), want.addr);
+                let config = Config::from_args(&args).unwrap();
+                assert_eq!(config.prefix_query_max_inflight, want.inflight);
+                assert_eq!(config.query_threads, want.query_threads);
+                assert_eq!(config.connections, want.connections);
             }
             (Err(error), Err(needle)) => {
                 let text = error.to_string();
@@ -229,7 +305,7 @@ mod tests {
 
     #[test]
     fn defaults_match_the_contract() {
-        check(&[], Ok(("[::1]:50051", 32)));
+        check(&[], Ok(Want::default()));
     }
 
     #[test]
@@ -240,9 +316,37 @@ mod tests {
                 "127.0.0.1:6000",
                 "--prefix-query-max-inflight",
                 "4",
+                "--query-threads",
+                "3",
+                "--max-connections",
+                "16",
+                "--max-concurrent-streams",
+                "8",
             ],
-            Ok(("127.0.0.1:6000", 4)),
+            Ok(Want {
+                addr: "127.0.0.1:6000",
+                inflight: 4,
+                query_threads: 3,
+                connections: ConnectionLimits {
+                    max_connections: Some(16),
+                    max_concurrent_streams: 8,
+                },
+            }),
         );
+    }
+
+    #[test]
+    fn rejects_bad_overload_settings_naming_them() {
+        for (flag, value) in [
+            ("--query-threads", "0"),
+            ("--query-threads", "1025"),
+            ("--max-connections", "0"),
+            ("--max-connections", "many"),
+            ("--max-concurrent-streams", "0"),
+            ("--max-concurrent-streams", "4294967296"),
+        ] {
+            check(&[flag, value], Err(flag));
+        }
     }
 
     #[test]
@@ -274,6 +378,9 @@ mod tests {
         for var in [
             "KV_INDEXER_LISTEN_ADDR",
             "KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT",
+            "KV_INDEXER_QUERY_THREADS",
+            "KV_INDEXER_MAX_CONNECTIONS",
+            "KV_INDEXER_MAX_CONCURRENT_STREAMS",
             "KV_INDEXER_METRICS_ADDR",
             "KV_INDEXER_APPLY_LISTEN_ADDR",
             "KV_INDEXER_TLS_CERT",

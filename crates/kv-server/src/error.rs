@@ -2,6 +2,8 @@
 //! codes; and what can stop the server from starting or serving.
 
 use kv_index::{ErrorClass, ValidationError};
+
+use crate::pool::PoolError;
 use tonic::{Code, Status};
 
 #[derive(Debug, thiserror::Error)]
@@ -14,6 +16,8 @@ pub enum ServerError {
     DeadlineSpent { late_by_us: u128 },
     #[error("query task failed")]
     Task(#[source] tokio::task::JoinError),
+    #[error("the prefix scan did not run")]
+    Scan(#[from] crate::pool::PoolError),
     #[error(
         "worker {worker_id}: this bridge's incarnation {incarnation} is older than {newest}, which another bridge for the worker sent: this bridge is fenced"
     )]
@@ -49,9 +53,11 @@ impl ServerError {
             },
             ServerError::Overloaded { .. } => Code::ResourceExhausted,
             ServerError::DeadlineSpent { .. } => Code::DeadlineExceeded,
-            ServerError::Task(_) => Code::Internal,
+            ServerError::Task(_) | ServerError::Scan(PoolError::Panicked) => Code::Internal,
+            ServerError::Scan(PoolError::Full) => Code::ResourceExhausted,
             ServerError::Fenced { .. } => Code::FailedPrecondition,
             ServerError::NotReady
+            | ServerError::Scan(PoolError::Stopped)
             | ServerError::WriterGone
             | ServerError::LogUnwritable(_)
             | ServerError::Stale { .. }
@@ -76,4 +82,6 @@ pub enum StartError {
     Reflection(#[source] tonic_reflection::server::Error),
     #[error("registering the apply listener with the runtime")]
     Register(#[source] std::io::Error),
+    #[error("starting the query threads (KV_INDEXER_QUERY_THREADS)")]
+    QueryThreads(#[source] std::io::Error),
 }

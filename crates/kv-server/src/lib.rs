@@ -7,6 +7,7 @@
 //! - [`config`]: flags and environment variables;
 //! - [`server`]: assembles the gRPC server and runs it on a bound listener;
 //! - [`service`]: the four RPCs, locking, admission and deadline checks;
+//! - [`pool`]: the query threads prefix scans run on, below the runtime's priority;
 //! - [`deadline`]: arrival stamps and `grpc-timeout` parsing;
 //! - [`error`]: every error and its status code;
 //! - [`observe`]: Prometheus metrics and their admin endpoint;
@@ -16,6 +17,7 @@ pub mod config;
 pub mod deadline;
 pub mod error;
 pub mod observe;
+pub mod pool;
 mod prefix_route;
 pub mod server;
 pub mod service;

@@ -28,6 +28,11 @@ pub fn rejection(class: &'static str) {
     metrics::counter!("kv_indexer_rejections_total", "class" => class).increment(1);
 }
 
+/// A connection closed at once because the listener served its bound of connections.
+pub fn connection_refused() {
+    metrics::counter!("kv_indexer_connections_refused_total").increment(1);
+}
+
 /// A connection that did not complete its TLS handshake.
 pub fn tls_handshake_failed() {
     metrics::counter!("kv_indexer_tls_handshake_failures_total").increment(1);

@@ -8,6 +8,12 @@
 //! admits prefix queries as their head arrives (see `service`).
 //! With TLS, each connection's handshake runs in that connection's task, bounded by
 //! [`TLS_HANDSHAKE_TIMEOUT`], so a slow or hostile client cannot stall the accept loop.
+//!
+//! Limits (`ConnectionLimits`): the listen address serves at most `max_connections` at once
+//! and closes a new one beyond at once, before any HTTP/2 (no stream, no body is read); every
+//! connection may open at most `max_concurrent_streams` streams (h2 resets a stream beyond with
+//! REFUSED_STREAM, before its head reaches the gate). The apply address has no connection bound:
+//! applies are never refused.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +35,7 @@ use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
 use crate::access::{self, PREFIX_PATH};
-use crate::config::Config;
+use crate::config::{Config, ConnectionLimits};
 use crate::deadline::Arrival;
 use crate::error::StartError;
 use crate::observe;
@@ -37,8 +43,6 @@ use crate::service::{IndexerService, Shared};
 use crate::state::Meta;
 use crate::state::writer::Writer;
 
-/// HTTP/2 streams allowed at once on one connection.
-pub const MAX_CONCURRENT_STREAMS: u32 = 64;
 /// The longest an admitted prefix query may stay, from its head's arrival to its answer, when
 /// its `grpc-timeout` asks for no less: generous for the largest query (8 MiB, a scan of a
 /// million blocks), short enough that a slow upload cannot keep a permit.
@@ -46,25 +50,44 @@ pub const PREFIX_QUERY_MAX_TIME: Duration = Duration::from_secs(10);
 /// How long a client may take over the TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves the Indexer on an already-bound listener with the access settings of the `Config`
-/// that made `shared` (TLS, tokens: the server cannot be started without the configured ones)
-/// until `shutdown` resolves, then drains the open connections for at most the configured
-/// drain timeout. `shared` lets the caller (tests, the binary) observe the index.
+/// Serves the Indexer on an already-bound listener with the access settings and connection
+/// limits of the `Config` that made `shared` (TLS, tokens: the server cannot be started without
+/// the configured ones) until `shutdown` resolves, then drains the open connections for at most
+/// the configured drain timeout. `shared` lets the caller (tests, the binary) observe the index.
 pub async fn run(
     listener: TcpListener,
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
+    let limits = shared.connection_limits();
+    serve(listener, shared, limits, shutdown).await
+}
+
+/// [`run`] with these `limits`.
+async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), StartError> {
     let addr = listener.local_addr().map_err(StartError::LocalAddr)?;
     let routes = routes(shared.clone()).await?;
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    http2.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+    http2.max_concurrent_streams(limits.max_concurrent_streams);
+    let connections = limits.max_connections.map(ConnectionBound::new);
     let graceful = GracefulShutdown::new();
     let access = shared.access().clone();
     let gate = Arc::new(Gate::new(shared.clone()));
     let handshakes_failed = Arc::new(DoublingLog::default());
 
-    info!(%addr, tls = access.tls.is_some(), mutual_tls = access.mutual_tls, "kv-indexer-server listening");
+    info!(
+        %addr,
+        tls = access.tls.is_some(),
+        mutual_tls = access.mutual_tls,
+        max_connections = limits.max_connections,
+        max_concurrent_streams = limits.max_concurrent_streams,
+        "kv-indexer-server listening"
+    );
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -77,6 +100,14 @@ pub async fn run(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
+            },
+        };
+        let held = match &connections {
+            None => None,
+            Some(bound) => match bound.admit(peer) {
+                Some(held) => Some(held),
+                // Closed before any HTTP/2: nothing of it is read.
+                None => continue,
             },
         };
         if let Err(error) = stream.set_nodelay(true) {
@@ -92,6 +123,7 @@ pub async fn run(
         let tls = access.tls.clone();
         let handshakes_failed = handshakes_failed.clone();
         tokio::spawn(async move {
+            let _held = held;
             match tls {
                 None => connection.serve(stream, service).await,
                 Some(tls) => {
@@ -104,6 +136,36 @@ pub async fn run(
     }
     drain(graceful, shared.drain_timeout()).await;
     Ok(())
+}
+
+/// The bound on connections served at once.
+struct ConnectionBound {
+    served: Arc<tokio::sync::Semaphore>,
+    limit: usize,
+    refused: DoublingLog,
+}
+
+impl ConnectionBound {
+    fn new(limit: usize) -> ConnectionBound {
+        ConnectionBound {
+            served: Arc::new(tokio::sync::Semaphore::new(limit)),
+            limit,
+            refused: DoublingLog::default(),
+        }
+    }
+
+    /// A place for the connection from `peer`, held while it is served; none when all are
+    /// taken (the caller closes it).
+    fn admit(&self, peer: SocketAddr) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let held = self.served.clone().try_acquire_owned().ok();
+        if held.is_none() {
+            observe::connection_refused();
+            if let Some(total) = self.refused.record() {
+                warn!(total, limit = self.limit, %peer, "closing connections over the bound (KV_INDEXER_MAX_CONNECTIONS)");
+            }
+        }
+        held
+    }
 }
 
 /// Waits for the open connections to finish their calls, at most `timeout`; the rest are
@@ -314,7 +376,7 @@ fn admitted_budget(headers: &http::HeaderMap) -> Duration {
 
 /// Serves `listener` on a thread of its own (a single-threaded runtime) until `stop` is
 /// cancelled: the bridges' address, so that the OS schedules their applies next to the
-/// query-serving threads rather than behind their queues.
+/// query-serving threads rather than behind their queues. It has no bound on connections.
 pub fn serve_on_own_thread(
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
@@ -329,7 +391,11 @@ pub fn serve_on_own_thread(
         .spawn(move || {
             runtime.block_on(async move {
                 let listener = TcpListener::from_std(listener).map_err(StartError::Register)?;
-                run(listener, shared, stop.cancelled_owned()).await
+                let limits = ConnectionLimits {
+                    max_connections: None,
+                    ..shared.connection_limits()
+                };
+                serve(listener, shared, limits, stop.cancelled_owned()).await
             })
         })
 }
@@ -364,7 +430,7 @@ async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
 
 /// Shared state for an in-memory server with `config`, ready at once (its writer started).
 pub fn shared(config: &Config) -> Arc<Shared> {
-    let shared = Arc::new(Shared::new(config));
+    let shared = Arc::new(Shared::new(config).expect("starting the query threads"));
     let writer = Writer::start(
         shared.index_cell(),
         None,

@@ -6,13 +6,16 @@
 //! a CPU included: under CPU overload the surplus is refused at once instead of piling up in
 //! the runtime, and applies, which take no permit, keep their latency.
 //!
+//! Prefix scans run on the query threads (`crate::pool`), below the runtime's priority, so that
+//! under CPU overload the runtime still reads and refuses the surplus as it arrives.
+//!
 //! Locking: one `parking_lot::RwLock` around the index. Applies take the write lock (one apply
 //! is atomic); queries take the read lock (one query sees one state). No async worker thread
 //! ever waits for the lock:
 //! - applies and hit-counting matches are sent to the one writer thread (`state::writer`),
-//!   which logs them and applies them in log order; long prefix scans run on the blocking pool;
-//! - a short query tries the read lock inline (`try_read`, which never waits) and, when a
-//!   writer holds it or waits for it, goes to the blocking pool and waits there. parking_lot's
+//!   which logs them and applies them in log order; prefix scans wait on the query threads;
+//! - the other queries try the read lock inline (`try_read`, which never waits) and, when a
+//!   writer holds it or waits for it, go to the blocking pool and wait there. parking_lot's
 //!   lock is task-fair: a waiting writer stops new readers, so a stream of queries cannot
 //!   starve the applies (`read_recursive`, used before, let readers overtake a waiting writer).
 //! - A panic inside an apply (a bug) aborts the process before the write lock is released: a
@@ -31,10 +34,11 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use crate::access::Access;
-use crate::config::Config;
+use crate::config::{Config, ConnectionLimits};
 use crate::deadline::{Arrival, deadline};
-use crate::error::ServerError;
+use crate::error::{ServerError, StartError};
 use crate::observe;
+use crate::pool::QueryPool;
 use crate::state::writer::Writer;
 use kv_common::DoublingLog;
 use kv_indexer_proto::convert;
@@ -42,9 +46,6 @@ use kv_indexer_proto::prefix_wire::{self, EncodedPrefixResponse, PrefixMatchRef}
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
-
-/// Prefix queries longer than this run on the blocking pool instead of an async worker.
-const INLINE_PREFIX_HASHES: usize = 4096;
 
 /// The index, shared by the service (readers) and the writer thread (the one writer).
 pub type IndexCell = Arc<RwLock<Index>>;
@@ -63,15 +64,22 @@ pub struct Shared {
     rejected: DoublingLog,
     prefix_scans: AtomicU64,
     access: Access,
+    connection_limits: ConnectionLimits,
     drain_timeout: Duration,
     /// A fleet replica's freshness (none: a single server).
     fleet: std::sync::OnceLock<Arc<crate::state::fleet::Freshness>>,
+    /// Where prefix scans run.
+    pool: QueryPool,
 }
 
 impl Shared {
-    pub fn new(config: &Config) -> Shared {
-        Shared {
+    /// The shared state of a server with `config`, its query threads started.
+    pub fn new(config: &Config) -> Result<Shared, StartError> {
+        let pool = QueryPool::start(config.query_threads, config.prefix_query_max_inflight)
+            .map_err(StartError::QueryThreads)?;
+        Ok(Shared {
             access: config.access.clone(),
+            connection_limits: config.connections,
             drain_timeout: config.drain_timeout,
             index: Arc::new(RwLock::new(Index::new())),
             writer: std::sync::OnceLock::new(),
@@ -83,7 +91,8 @@ impl Shared {
             rejected: DoublingLog::default(),
             prefix_scans: AtomicU64::new(0),
             fleet: std::sync::OnceLock::new(),
-        }
+            pool,
+        })
     }
 
     /// The index cell, for the writer thread.
@@ -164,6 +173,11 @@ impl Shared {
     /// Who may connect and call: the configured TLS and tokens.
     pub fn access(&self) -> &Access {
         &self.access
+    }
+
+    /// What the listen address lets its clients hold at once.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        self.connection_limits
     }
 
     /// How long a shutdown waits for open connections.
@@ -387,18 +401,16 @@ impl IndexerService {
         shared.check_deadline(deadline)?;
         let request = request.into_inner();
         validate_prefix(&request.hashes)?;
-        let long = request.hashes.len() > INLINE_PREFIX_HASHES;
-        let scan = move |shared: &Shared, index: &Index| {
+        let scanner = shared.clone();
+        // The permit goes with the job: held until its scan ends, or dropped with it unrun.
+        let scan = move || {
             let _permit = permit;
-            shared.check_deadline(deadline)?;
-            let hits = shared.prefix_scan(&request, index)?;
-            Ok(respond(hits, index))
+            scanner.check_deadline(deadline)?;
+            let index = scanner.index.read();
+            let hits = scanner.prefix_scan(&request, &index)?;
+            Ok(respond(hits, &index))
         };
-        if long {
-            shared.read_blocking(scan).await?
-        } else {
-            shared.read(scan).await?
-        }
+        shared.pool.run(scan).await?
     }
 
     async fn match_kv(
@@ -539,8 +551,35 @@ mod tests {
 
     #[tokio::test]
     #[allow(clippy::await_holding_lock)] // holding the write lock over the await is the case
+    async fn a_prefix_scan_waits_for_the_index_on_a_query_thread() {
+        let shared = crate::server::shared(&Config {
+            query_threads: 1,
+            ..Config::default()
+        });
+        let service = IndexerService::new(shared.clone());
+        let held = shared.lock_index();
+        let query = tokio::spawn(async move {
+            let request = Request::new(pb::MatchExternalKvPrefixRequest {
+                hashes: vec![1],
+                max_blocks: 0,
+                max_matches: None,
+            });
+            service.match_external_kv_prefix(request).await
+        });
+        // The test runtime has one thread: this runs again only if the scan waits elsewhere.
+        tokio::task::yield_now().await;
+        assert_eq!(shared.prefix_queries_in_flight(), 1);
+        assert!(!query.is_finished());
+        drop(held);
+        let answer = query.await.unwrap().unwrap().into_inner();
+        assert_eq!(answer.best_prefix_blocks, 0);
+        assert_eq!(shared.prefix_scans(), 1);
+    }
+
+    #[tokio::test]
+    #[allow(clippy::await_holding_lock)] // holding the write lock over the await is the case
     async fn a_query_goes_to_the_blocking_pool_while_a_writer_holds_the_lock() {
-        let shared = Arc::new(Shared::new(&Config::default()));
+        let shared = Arc::new(Shared::new(&Config::default()).unwrap());
         let held = shared.lock_index();
         let query = tokio::spawn({
             let shared = shared.clone();

@@ -23,6 +23,31 @@ pub const REPORT: i32 = pb::ExternalKvActionType::ActionReport as i32;
 pub const REVOKE: i32 = pb::ExternalKvActionType::ActionRevoke as i32;
 pub const CLEAR: i32 = pb::ExternalKvActionType::ActionClearAllAtTier as i32;
 
+/// A REPORT of `hashes` at HBM by `worker`, whose address is `http://<worker>:30000`.
+pub fn report_request(worker: &str, hashes: Vec<i64>) -> pb::ApplyExternalKvBatchRequest {
+    pb::ApplyExternalKvBatchRequest {
+        worker_id: worker.into(),
+        seq: 1,
+        actions: vec![pb::ExternalKvAction {
+            r#type: REPORT,
+            tier: HBM,
+            hashes,
+            ..Default::default()
+        }],
+        worker_address: format!("http://{worker}:30000"),
+        ..Default::default()
+    }
+}
+
+/// A prefix query for `hashes`, without a ceiling.
+pub fn prefix_request(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
+    pb::MatchExternalKvPrefixRequest {
+        hashes,
+        max_blocks: 0,
+        max_matches: None,
+    }
+}
+
 /// What a worker holds, by tier number.
 pub type Held = BTreeMap<i32, BTreeSet<i64>>;
 

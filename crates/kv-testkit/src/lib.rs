@@ -8,6 +8,8 @@
 //! - [`worker`]: the fake SGLang worker (a ZMQ PUB and a replay ROUTER), SGLang's batch
 //!   encoding, and the live messages captured off a real one;
 //! - [`bridge`]: the real bridge in this process, configured by its flags;
+//! - [`h2`]: HTTP/2 below tonic: a prefix query whose body never comes, and frames written by
+//!   hand for a client that opens more streams than the server allows;
 //! - [`fixtures`]: the captured SGLang fixtures and their decoding helpers;
 //! - [`wait`]: readiness waits on a condition, with a deadline, instead of sleeps;
 //! - [`redis`]: a real `redis-server` on a free loopback port, for the fleet tests;
@@ -15,6 +17,7 @@
 
 pub mod bridge;
 pub mod fixtures;
+pub mod h2;
 pub mod indexer;
 pub mod port;
 pub mod redis;

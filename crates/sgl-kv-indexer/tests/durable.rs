@@ -66,7 +66,7 @@ impl Durable {
     async fn start(config: Config) -> Result<Durable, state::StateError> {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared::new(&config));
+        let shared = Arc::new(Shared::new(&config).unwrap());
         let stop = CancellationToken::new();
         let task = tokio::spawn(server::run(
             listener,
@@ -266,7 +266,7 @@ async fn answers_unavailable_and_not_serving_until_the_state_is_loaded() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let config = config(&temp_dir("ready"));
-    let shared = Arc::new(Shared::new(&config));
+    let shared = Arc::new(Shared::new(&config).unwrap());
     let stop = CancellationToken::new();
     tokio::spawn(server::run(
         listener,

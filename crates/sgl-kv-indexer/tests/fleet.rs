@@ -77,7 +77,7 @@ impl Replica {
     async fn start(config: Config) -> Replica {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared::new(&config));
+        let shared = Arc::new(Shared::new(&config).unwrap());
         let stop = CancellationToken::new();
         tokio::spawn(server::run(
             listener,

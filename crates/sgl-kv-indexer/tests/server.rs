@@ -8,8 +8,8 @@ use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use kv_server::{Config, server};
-use kv_testkit::indexer::{CLEAR, DRAM, HBM, IndexHold, REPORT, REVOKE};
-use kv_testkit::{Port, TestIndexer, wait};
+use kv_testkit::indexer::{CLEAR, DRAM, HBM, IndexHold, REPORT, REVOKE, prefix_request as prefix};
+use kv_testkit::{Port, TestIndexer, h2, wait};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
@@ -56,14 +56,6 @@ fn apply(worker: &str, actions: Vec<pb::ExternalKvAction>) -> pb::ApplyExternalK
         actions,
         worker_address: format!("http://{worker}:30000"),
         ..Default::default()
-    }
-}
-
-fn prefix(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
-    pb::MatchExternalKvPrefixRequest {
-        hashes,
-        max_blocks: 0,
-        max_matches: None,
     }
 }
 
@@ -668,21 +660,6 @@ async fn a_second_listener_on_its_own_thread_serves_the_same_index() {
         .unwrap();
 }
 
-/// A request body that never arrives.
-struct NeverEnds;
-
-impl hyper::body::Body for NeverEnds {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
-        std::task::Poll::Pending
-    }
-}
-
 /// A prefix query is admitted when its head arrives, so a client that never sends the body
 /// would keep the permit: the server answers DEADLINE_EXCEEDED at the query's deadline and
 /// the permit is free again.
@@ -693,24 +670,7 @@ async fn a_query_whose_body_never_comes_loses_its_permit_at_its_deadline() {
         ..Config::default()
     })
     .await;
-    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http2::handshake::<_, _, NeverEnds>(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(connection);
-    let request = http::Request::post(format!(
-        "http://{}/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix",
-        server.addr
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .header("grpc-timeout", "300m")
-    .body(NeverEnds)
-    .unwrap();
-    let stalled = tokio::spawn(async move { sender.send_request(request).await });
+    let stalled = h2::stalled_prefix_query(server.addr, Some("300m")).await;
     wait::until("the stalled query to be admitted", || async {
         (server.shared.prefix_queries_in_flight() == 1).then_some(())
     })

@@ -12,10 +12,20 @@
 //! Overload: with `--concurrency` far above the server's admission bound and `--qps` above its
 //! capacity, the report splits latency by outcome (answered, RESOURCE_EXHAUSTED, …), so it shows
 //! how fast surplus queries are turned away and what p99 the admitted ones keep; the churn's
-//! applies are counted by status code (an apply must never be refused).
+//! applies are counted by status code (an apply must never be refused). The query connections
+//! are made at their first call, so a server that closes connections over its bound shows as
+//! failed calls (UNAVAILABLE), not as a generator that cannot start.
+//!
+//! Comparing servers: `--json-out FILE` appends one JSON line per run (`--label`, the workload,
+//! answers/s, answered latency percentiles, failed calls by code, applies/s and their latency),
+//! so runs against two servers one after the other can be set side by side with
+//! `scripts/compare_loadgen.py FILE`.
 
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -62,8 +72,8 @@ struct Args {
     /// REPORT/REVOKE block-ops per second applied while querying (0 = none).
     #[arg(long, default_value_t = 0)]
     ingest_ops: u64,
-    /// Where the churn's applies go (default: --endpoint), e.g. the server's
-    /// KV_INDEXER_APPLY_LISTEN_ADDR.
+    /// Where the applies go, the preload's and the churn's (default: --endpoint), e.g. the
+    /// server's KV_INDEXER_APPLY_LISTEN_ADDR.
     #[arg(long)]
     ingest_endpoint: Option<String>,
     /// Hashes per churn apply.
@@ -77,6 +87,16 @@ struct Args {
     timeout_ms: u64,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Skip the preload: the server already holds the prompts (an earlier run with the same
+    /// --seed, --workers, --prompts and --prompt-blocks reported them).
+    #[arg(long)]
+    no_preload: bool,
+    /// Names this run in the JSON line (e.g. the server build and the phase).
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Appends the run's report as one JSON line to this file.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
     /// TLS and token, as every client of the Indexer takes them.
     #[command(flatten)]
     security: ClientSecurity,
@@ -90,14 +110,24 @@ struct Connector {
 }
 
 impl Connector {
-    async fn connect(&self, address: &str) -> anyhow::Result<Channel> {
-        self.credentials
+    fn endpoint(&self, address: &str) -> anyhow::Result<tonic::transport::Endpoint> {
+        Ok(self
+            .credentials
             .endpoint(address)
             .with_context(|| format!("endpoint {address}"))?
-            .tcp_nodelay(true)
+            .tcp_nodelay(true))
+    }
+
+    async fn connect(&self, address: &str) -> anyhow::Result<Channel> {
+        self.endpoint(address)?
             .connect()
             .await
             .with_context(|| format!("connecting to {address}"))
+    }
+
+    /// A channel that connects at its first call (and again after a failed one).
+    fn connect_lazy(&self, address: &str) -> anyhow::Result<Channel> {
+        Ok(self.endpoint(address)?.connect_lazy())
     }
 
     fn client(&self, channel: &Channel) -> Client {
@@ -154,9 +184,6 @@ fn prompts(args: &Args, rng: &mut StdRng) -> Vec<Arc<Vec<i64>>> {
         .collect()
 }
 
-/// Latencies (µs) of one background task, by its label.
-type Background = JoinSet<anyhow::Result<(&'static str, Vec<u64>)>>;
-
 #[derive(Default)]
 struct Tally {
     /// Latency in µs by outcome: "OK" or the status code.
@@ -197,6 +224,38 @@ impl Tally {
         }
     }
 
+    /// The report's query fields (latencies sorted first).
+    fn summary(&mut self, elapsed: f64) -> serde_json::Map<String, serde_json::Value> {
+        for latencies in self.latencies_us.values_mut() {
+            latencies.sort_unstable();
+        }
+        let sent: usize = self.latencies_us.values().map(Vec::len).sum();
+        let failed: BTreeMap<&str, usize> = self
+            .latencies_us
+            .iter()
+            .filter(|(outcome, _)| outcome.as_str() != "OK")
+            .map(|(outcome, latencies)| (outcome.as_str(), latencies.len()))
+            .collect();
+        let failed_total: usize = failed.values().sum();
+        let refused = self
+            .latencies_us
+            .get("ResourceExhausted")
+            .map_or(&[][..], Vec::as_slice);
+        let mut fields = serde_json::Map::new();
+        fields.insert("sent_per_s".into(), (sent as f64 / elapsed).into());
+        fields.insert("answered".into(), self.ok().into());
+        fields.insert("answered_per_s".into(), (self.ok() as f64 / elapsed).into());
+        let answered = self.latencies_us.get("OK").map_or(&[][..], Vec::as_slice);
+        fields.extend(latency_fields("answered", answered));
+        fields.insert(
+            "failed_per_s".into(),
+            (failed_total as f64 / elapsed).into(),
+        );
+        fields.insert("failed_by_code".into(), serde_json::json!(failed));
+        fields.extend(latency_fields("refused", refused));
+        fields
+    }
+
     fn print(&mut self, elapsed: f64) {
         let sent: usize = self.latencies_us.values().map(Vec::len).sum();
         let ok = self.ok();
@@ -222,6 +281,17 @@ impl Tally {
     }
 }
 
+/// `<name>_p50_us` … `<name>_max_us` of sorted latencies.
+fn latency_fields(name: &str, sorted: &[u64]) -> serde_json::Map<String, serde_json::Value> {
+    let mut fields = serde_json::Map::new();
+    for (suffix, p) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+        fields.insert(format!("{name}_{suffix}_us"), percentile(sorted, p).into());
+    }
+    let max = sorted.last().copied().unwrap_or(0);
+    fields.insert(format!("{name}_max_us"), max.into());
+    fields
+}
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -244,46 +314,96 @@ async fn main() -> anyhow::Result<()> {
     let connector = Connector {
         credentials: args.security.load().context("TLS or token settings")?,
     };
-    let mut channels = Vec::new();
-    for _ in 0..args.connections {
-        channels.push(connector.connect(&args.endpoint).await?);
-    }
+    let channels = (0..args.connections)
+        .map(|_| connector.connect_lazy(&args.endpoint))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Applies (the preload, the churn) on connections of their own, as a bridge has, to the
+    // apply address when there is one: they never wait behind queries, nor take a query
+    // connection.
+    let apply_address = args.ingest_endpoint.as_ref().unwrap_or(&args.endpoint);
+    let mut loader = connector.client(&connector.connect(apply_address).await?);
     let mut rng = StdRng::seed_from_u64(args.seed);
     let prompts = prompts(&args, &mut rng);
-    let mut loader = connector.client(&channels[0]);
-    preload(&args, &prompts, &mut loader, &mut rng).await?;
+    if !args.no_preload {
+        preload(&args, &prompts, &mut loader, &mut rng).await?;
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
-    let mut background = JoinSet::new();
-    let ingested = Arc::new(AtomicU64::new(0));
-    if args.ingest_ops > 0 {
-        // A connection of its own, as a bridge has: applies never wait behind queries here.
-        let address = args.ingest_endpoint.as_ref().unwrap_or(&args.endpoint);
-        let client = connector.client(&connector.connect(address).await?);
-        let churn = Churn {
-            batch: args.ingest_batch.max(1),
-            ops: args.ingest_ops,
-        };
-        background.spawn(churn.run(client, stop.clone(), ingested.clone()));
-    }
-    if args.background_scan_blocks > 0 {
-        let client = connector.client(&channels[channels.len() - 1]);
-        spawn_background_scan(&mut background, &args, &mut loader, client, stop.clone()).await?;
-    }
+    let churn = match args.ingest_ops {
+        0 => None,
+        ops => {
+            let client = connector.client(&connector.connect(apply_address).await?);
+            let churn = Churn {
+                batch: args.ingest_batch.max(1),
+                ops,
+            };
+            Some(tokio::spawn(churn.run(client, stop.clone())))
+        }
+    };
+    let background = match args.background_scan_blocks {
+        0 => None,
+        _ => {
+            let client = connector.client(&channels[channels.len() - 1]);
+            Some(background_scan(&args, &mut loader, client, stop.clone()).await?)
+        }
+    };
 
     let start = Instant::now();
     let mut total = query(&args, &connector, &channels, prompts, start).await?;
     let elapsed = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     total.print(elapsed);
-    if args.ingest_ops > 0 {
+    let mut report = serde_json::Map::new();
+    report.insert("label".into(), args.label.clone().into());
+    report.insert("workload".into(), workload(&args));
+    report.insert("elapsed_s".into(), elapsed.into());
+    report.extend(total.summary(elapsed));
+    if let Some(churn) = churn {
+        let mut applies = churn.await??;
+        applies.print(elapsed, args.ingest_ops);
+        report.extend(applies.summary(elapsed));
+    }
+    if let Some(background) = background {
+        let mut latencies = background.await??;
+        latencies.sort_unstable();
         println!(
-            "ingest: {:.2} M block-ops/s achieved (target {:.2} M)",
-            ingested.load(Ordering::Relaxed) as f64 / elapsed / 1e6,
-            args.ingest_ops as f64 / 1e6
+            "background scan latency µs over {}: p50 {} p99 {} max {}",
+            latencies.len(),
+            percentile(&latencies, 50.0),
+            percentile(&latencies, 99.0),
+            latencies.last().copied().unwrap_or(0)
         );
     }
-    print_background(background).await
+    if let Some(path) = &args.json_out {
+        append_line(path, &serde_json::Value::Object(report))?;
+    }
+    Ok(())
+}
+
+/// What was asked of the server, for the JSON line.
+fn workload(args: &Args) -> serde_json::Value {
+    serde_json::json!({
+        "endpoint": args.endpoint,
+        "workers": args.workers,
+        "prompts": args.prompts,
+        "prompt_blocks": args.prompt_blocks,
+        "qps": args.qps,
+        "concurrency": args.concurrency,
+        "connections": args.connections,
+        "duration_s": args.duration_secs,
+        "timeout_ms": args.timeout_ms,
+        "ingest_ops": args.ingest_ops,
+        "ingest_batch": args.ingest_batch,
+    })
+}
+
+fn append_line(path: &std::path::Path, line: &serde_json::Value) -> anyhow::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening --json-out {}", path.display()))?;
+    writeln!(file, "{line}").with_context(|| format!("writing --json-out {}", path.display()))
 }
 
 /// Reports every prompt whole for one worker and cut at random for two more.
@@ -321,21 +441,61 @@ struct Churn {
     ops: u64,
 }
 
+/// What the churn's applies saw.
+#[derive(Default)]
+struct Applies {
+    latencies_us: Vec<u64>,
+    /// Refused applies by status code (an apply must never be refused).
+    refused: BTreeMap<String, u64>,
+    block_ops: u64,
+}
+
+impl Applies {
+    fn print(&mut self, elapsed: f64, target_ops: u64) {
+        self.latencies_us.sort_unstable();
+        println!("applies refused, by code: {:?}", self.refused);
+        println!(
+            "ingest: {:.2} M block-ops/s achieved (target {:.2} M)",
+            self.block_ops as f64 / elapsed / 1e6,
+            target_ops as f64 / 1e6
+        );
+        let latencies = &self.latencies_us;
+        println!(
+            "apply (REPORT or REVOKE) latency µs over {}: p50 {} p99 {} max {}",
+            latencies.len(),
+            percentile(latencies, 50.0),
+            percentile(latencies, 99.0),
+            latencies.last().copied().unwrap_or(0)
+        );
+    }
+
+    /// The report's apply fields (after `print`, which sorts).
+    fn summary(&self, elapsed: f64) -> serde_json::Map<String, serde_json::Value> {
+        let mut fields = serde_json::Map::new();
+        let applies = self.latencies_us.len() as f64;
+        fields.insert("applies_per_s".into(), (applies / elapsed).into());
+        fields.insert(
+            "apply_block_ops_per_s".into(),
+            (self.block_ops as f64 / elapsed).into(),
+        );
+        fields.extend(latency_fields("apply", &self.latencies_us));
+        fields.insert(
+            "applies_refused_by_code".into(),
+            serde_json::json!(self.refused),
+        );
+        fields
+    }
+}
+
 impl Churn {
-    async fn run(
-        self,
-        mut client: Client,
-        stop: Arc<AtomicBool>,
-        ingested: Arc<AtomicU64>,
-    ) -> anyhow::Result<(&'static str, Vec<u64>)> {
+    async fn run(self, mut client: Client, stop: Arc<AtomicBool>) -> anyhow::Result<Applies> {
         let batch = self.batch;
         // REPORT a batch, then REVOKE it: two applies of `batch` block-ops each.
         let per_pair = Duration::from_secs_f64(2.0 * batch as f64 / self.ops as f64);
         let mut ticker = tokio::time::interval(per_pair);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let mut next: i64 = i64::MIN;
-        let mut latencies = Vec::new();
-        let mut refused = std::collections::BTreeMap::<String, u64>::new();
+        let mut applies = Applies::default();
         while !stop.load(Ordering::Relaxed) {
             ticker.tick().await;
             let hashes: Vec<i64> = (next..next + batch as i64).collect();
@@ -347,35 +507,36 @@ impl Churn {
             ] {
                 let start = Instant::now();
                 let result = client.apply_external_kv_batch(request).await;
-                latencies.push(start.elapsed().as_micros() as u64);
+                applies
+                    .latencies_us
+                    .push(start.elapsed().as_micros() as u64);
                 match result {
-                    Ok(_) => {
-                        ingested.fetch_add(batch as u64, Ordering::Relaxed);
-                    }
+                    Ok(_) => applies.block_ops += batch as u64,
                     Err(status) => {
-                        *refused.entry(format!("{:?}", status.code())).or_default() += 1;
+                        *applies
+                            .refused
+                            .entry(format!("{:?}", status.code()))
+                            .or_default() += 1;
                     }
                 }
             }
         }
-        println!("applies refused, by code: {refused:?}");
-        Ok(("apply (REPORT or REVOKE)", latencies))
+        Ok(applies)
     }
 }
 
-/// Reports one huge prompt and keeps a scan of it running until `stop`.
-async fn spawn_background_scan(
-    background: &mut Background,
+/// Reports one huge prompt and keeps a scan of it running until `stop`; the scans' latencies.
+async fn background_scan(
     args: &Args,
     loader: &mut Client,
     mut client: Client,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<Vec<u64>>>> {
     let big: Vec<i64> = (0..args.background_scan_blocks as i64)
         .map(|i| i ^ 0x5bd1_e995)
         .collect();
     report_all(loader, "big-prompt-holder", &big).await?;
-    background.spawn(async move {
+    Ok(tokio::spawn(async move {
         let mut latencies = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             let start = Instant::now();
@@ -387,12 +548,13 @@ async fn spawn_background_scan(
             client.match_external_kv_prefix(request).await?;
             latencies.push(start.elapsed().as_micros() as u64);
         }
-        Ok(("background scan", latencies))
-    });
-    Ok(())
+        Ok(latencies)
+    }))
 }
 
-/// Runs `--concurrency` queriers for `--duration-secs` and merges their tallies.
+/// Runs `--concurrency` queriers for `--duration-secs` and merges their tallies; with `--qps`,
+/// querier `q` sends its calls at slots `q`, `q + concurrency`, … of the schedule (late ones at
+/// once).
 async fn query(
     args: &Args,
     connector: &Connector,
@@ -401,17 +563,19 @@ async fn query(
     start: Instant,
 ) -> anyhow::Result<Tally> {
     let deadline = start + Duration::from_secs(args.duration_secs);
-    let issued = Arc::new(AtomicU64::new(0));
     let mut queriers = JoinSet::new();
+    let concurrency = args.concurrency as u64;
     for q in 0..args.concurrency {
         let mut client = connector.client(&channels[q % channels.len()]);
-        let (prompts, issued) = (prompts.clone(), issued.clone());
+        let prompts = prompts.clone();
         let (qps, timeout) = (args.qps, Duration::from_millis(args.timeout_ms));
         let mut rng = StdRng::seed_from_u64(args.seed + 1 + q as u64);
         queriers.spawn(async move {
             let mut tally = Tally::default();
-            loop {
-                let i = issued.fetch_add(1, Ordering::Relaxed);
+            // Each querier keeps its own share of the schedule (every `concurrency`-th
+            // slot), so that a connection whose calls fail fast does not draw the load away
+            // from the others.
+            for i in (q as u64..).step_by(concurrency as usize) {
                 if qps > 0 {
                     let due = start + Duration::from_secs_f64(i as f64 / qps as f64);
                     tokio::time::sleep_until(due.into()).await;
@@ -439,19 +603,4 @@ async fn query(
         total.merge(tally?);
     }
     Ok(total)
-}
-
-async fn print_background(mut background: Background) -> anyhow::Result<()> {
-    while let Some(joined) = background.join_next().await {
-        let (label, mut latencies) = joined??;
-        latencies.sort_unstable();
-        println!(
-            "{label} latency µs over {}: p50 {} p99 {} max {}",
-            latencies.len(),
-            percentile(&latencies, 50.0),
-            percentile(&latencies, 99.0),
-            latencies.last().copied().unwrap_or(0)
-        );
-    }
-    Ok(())
 }

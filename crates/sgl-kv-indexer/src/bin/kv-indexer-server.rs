@@ -29,7 +29,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding KV_INDEXER_LISTEN_ADDR {}", args.listen_addr))?;
 
     let stop = CancellationToken::new();
-    let shared = Arc::new(Shared::new(&config));
+    let shared = Arc::new(Shared::new(&config)?);
     if let Some(addr) = args.metrics_addr {
         let pages = vec![state_page(shared.clone())];
         telemetry::serve_on(
