@@ -90,19 +90,26 @@ def pinned(cpu, argv):
 
 
 def cpu_times(pid):
-    """(seconds of CPU by thread role, seconds CPU 0 was busy): clock ticks from /proc."""
+    """(seconds of CPU by thread role, seconds CPU 0 was busy): clock ticks from /proc. Threads
+    that have ended (the blocking pool's) count as "other", from the process's total."""
     tick = os.sysconf("SC_CLK_TCK")
+
+    def seconds(path):
+        with open(path) as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / tick
+
     by_role = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
+            name, used = seconds(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
         role = THREADS.get(name, "other")
-        by_role[role] = by_role.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        by_role[role] = by_role.get(role, 0.0) + used
+    _, total = seconds(f"/proc/{pid}/stat")
+    by_role["other"] = by_role.get("other", 0.0) + max(0.0, total - sum(by_role.values()))
     with open("/proc/stat") as f:
         cpu0 = next(line.split() for line in f if line.startswith("cpu0 "))
     busy = sum(int(cpu0[i]) for i in (1, 2, 3, 6, 7)) / tick
