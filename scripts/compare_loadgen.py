@@ -61,7 +61,8 @@ def table(phase, names, runs):
     present = [n for n in names if (phase, n) in runs]
     header = [f"{n or '(no label)'} (n={len(runs[phase, n])})" for n in present]
     header += [f"{n}/{present[0]}" for n in present[1:]]
-    print(f"\n{'phase ' + phase if phase else 'runs':<18}" + "".join(f"{h:>18}" for h in header))
+    widths = [max(12, len(h) + 2) for h in header]
+    print(f"\n{'phase ' + phase if phase else 'runs':<18}" + "".join(f"{h:>{w}}" for h, w in zip(header, widths)))
     for row, field, scale in ROWS:
         values = [median(runs[phase, n], field) for n in present]
         if all(v is None for v in values):
@@ -70,7 +71,7 @@ def table(phase, names, runs):
         base = values[0]
         for v in values[1:]:
             cells.append("-" if not base or v is None else f"{v / base:.2f}")
-        print(f"{row:<18}" + "".join(f"{c:>18}" for c in cells))
+        print(f"{row:<18}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
     for n in present:
         codes = {}
         for r in runs[phase, n]:
