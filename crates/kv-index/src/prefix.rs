@@ -67,11 +67,10 @@ struct Candidate {
 
 #[derive(Debug, Clone, Copy)]
 enum Rule {
-    Legacy {
-        /// Whether the worker holds a non-zero mask anywhere: then it cannot settle at a gap.
-        may_fail_closed: bool,
-        gap: bool,
-    },
+    /// A legacy worker past its first gap (its prefix is set there) that holds a non-zero mask
+    /// somewhere: it fails closed (prefix 0) at the first block showing one. Legacy workers
+    /// before their first gap are steady candidates.
+    LegacyPastGap,
     Aware {
         components: u8,
         /// Component bits servable per tier index.
@@ -200,22 +199,12 @@ impl Candidate {
     #[inline]
     fn step(&mut self, mine: &[Placement], segment: &mut Segment<'_>) -> bool {
         match &mut self.rule {
-            Rule::Legacy {
-                may_fail_closed,
-                gap,
-            } => {
-                if mine.iter().any(|p| p.mask != 0) {
+            Rule::LegacyPastGap => {
+                let fails_closed = mine.iter().any(|p| p.mask != 0);
+                if fails_closed {
                     self.prefix = 0;
-                    return true;
                 }
-                if !mine.is_empty() && !*gap {
-                    self.prefix = segment.end;
-                    return false;
-                }
-                if mine.is_empty() {
-                    *gap = true;
-                }
-                !*may_fail_closed
+                fails_closed
             }
             Rule::Aware {
                 components,
@@ -463,10 +452,7 @@ impl Candidates {
                     worker: candidate.worker,
                     rank: candidate.rank,
                     prefix: start,
-                    rule: Rule::Legacy {
-                        may_fail_closed: true,
-                        gap: true,
-                    },
+                    rule: Rule::LegacyPastGap,
                 };
                 let at = self.active.partition_point(|c| c.worker < candidate.worker);
                 self.active.insert(at, general);
