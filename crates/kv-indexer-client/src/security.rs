@@ -225,9 +225,15 @@ impl Credentials {
 
     /// The gRPC client over `channel`, with the contract's message limits and the token.
     pub fn client(&self, channel: Channel) -> Grpc {
-        KvIndexerClient::with_interceptor(channel, self.authorization.clone())
+        KvIndexerClient::new(self.authorized(channel))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// `channel` with the token added to every call, for a call made with a codec of its own
+    /// (`tonic::client::Grpc`) rather than through the generated client.
+    pub fn authorized(&self, channel: Channel) -> InterceptedService<Channel, Authorize> {
+        InterceptedService::new(channel, self.authorization.clone())
     }
 }
 

@@ -4,17 +4,23 @@
 //!   writes for the same message (fields in number order, defaults omitted);
 //! - the request's packed hashes are decoded a buffer chunk at a time rather than one
 //!   `get_i64_le` per hash; anything else (other fields, an unpacked or malformed list) goes
-//!   through prost's own decoding, errors included.
+//!   through prost's own decoding, errors included;
+//! - for load generators, a response can be read for its counts only
+//!   ([`CountedPrefixResponse`]), so that a generator spends far less per answer than the
+//!   server it drives.
 //!
-//! The tests check both against prost.
+//! The tests check all three against prost.
 
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{
-    DecodeContext, WireType, decode_varint, encode_varint, encoded_len_varint, sfixed64,
-    skip_field, uint32,
+    DecodeContext, WireType, check_wire_type, decode_varint, encode_varint, encoded_len_varint,
+    sfixed64, skip_field, uint32,
 };
 
 use crate::v1 as pb;
+
+/// The gRPC path of `MatchExternalKvPrefix`.
+pub const PREFIX_PATH: &str = "/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix";
 
 /// A `MatchExternalKvPrefixRequest` decoded with the fast path for its hashes.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -146,6 +152,65 @@ impl prost::Message for EncodedPrefixResponse {
     }
 }
 
+/// A `MatchExternalKvPrefixResponse` read for its counts: each match is checked to be a
+/// length-delimited field within the body and skipped, not decoded into two `String`s. It
+/// encodes as a response with that many default (empty) matches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountedPrefixResponse {
+    pub matches: u32,
+    pub best_prefix_blocks: u32,
+    pub blocks_read: u32,
+}
+
+impl prost::Message for CountedPrefixResponse {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        for _ in 0..self.matches {
+            buf.put_slice(&[RESPONSE_MATCHES, 0]);
+        }
+        put_varint(buf, RESPONSE_BEST, self.best_prefix_blocks);
+        put_varint(buf, RESPONSE_BLOCKS_READ, self.blocks_read);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        let at = |field: &'static str| {
+            move |mut error: prost::DecodeError| {
+                error.push("MatchExternalKvPrefixResponse", field);
+                error
+            }
+        };
+        match tag {
+            1 => {
+                check_wire_type(WireType::LengthDelimited, wire_type).map_err(at("matches"))?;
+                skip_field(wire_type, tag, buf, ctx).map_err(at("matches"))?;
+                self.matches += 1;
+                Ok(())
+            }
+            2 => uint32::merge(wire_type, &mut self.best_prefix_blocks, buf, ctx)
+                .map_err(at("best_prefix_blocks")),
+            3 => {
+                uint32::merge(wire_type, &mut self.blocks_read, buf, ctx).map_err(at("blocks_read"))
+            }
+            _ => skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        2 * self.matches as usize
+            + varint_field_len(self.best_prefix_blocks)
+            + varint_field_len(self.blocks_read)
+    }
+
+    fn clear(&mut self) {
+        *self = CountedPrefixResponse::default();
+    }
+}
+
 /// One `ExternalKvPrefixMatch`, by reference.
 #[derive(Debug, Clone, Copy)]
 pub struct PrefixMatchRef<'a> {
@@ -222,7 +287,7 @@ fn put_string(buf: &mut Vec<u8>, key: u8, value: &str) {
     }
 }
 
-fn put_varint(buf: &mut Vec<u8>, key: u8, value: u32) {
+fn put_varint(buf: &mut impl BufMut, key: u8, value: u32) {
     if value != 0 {
         buf.put_u8(key);
         encode_varint(u64::from(value), buf);
@@ -308,6 +373,52 @@ mod tests {
         let mut framed = Vec::new();
         encoded.encode(&mut framed).unwrap();
         assert_eq!(framed, encoded.as_bytes());
+    }
+
+    #[test]
+    fn counts_what_prost_decodes() {
+        let cases: [(Vec<Match<'_>>, u32, u32); 3] = [
+            (vec![], 0, 0),
+            (vec![("10.0.0.1:30000", 3, "worker-a"), ("", 0, "")], 3, 4),
+            (
+                (0..300).map(|_| ("http://a:1", 1 << 20, "é")).collect(),
+                1 << 20,
+                u32::MAX,
+            ),
+        ];
+        for (matches, best, read) in cases {
+            let bytes = generic(&matches, best, read).encode_to_vec();
+            let counted = CountedPrefixResponse::decode(&bytes[..]).unwrap();
+            let expected = CountedPrefixResponse {
+                matches: matches.len() as u32,
+                best_prefix_blocks: best,
+                blocks_read: read,
+            };
+            assert_eq!(counted, expected);
+            // Its own encoding: that many empty matches, read back the same by both.
+            let encoded = counted.encode_to_vec();
+            assert_eq!(encoded.len(), counted.encoded_len());
+            let generic_read = pb::MatchExternalKvPrefixResponse::decode(&encoded[..]).unwrap();
+            assert_eq!(generic_read.matches.len(), matches.len());
+            assert_eq!(
+                CountedPrefixResponse::decode(&encoded[..]).unwrap(),
+                expected
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_a_truncated_or_mistyped_match() {
+        let bytes = generic(&[("a", 2, "b")], 2, 2).encode_to_vec();
+        let truncated = &bytes[..bytes.len() - 6];
+        assert!(pb::MatchExternalKvPrefixResponse::decode(truncated).is_err());
+        let error = CountedPrefixResponse::decode(truncated).unwrap_err();
+        assert!(error.to_string().contains("matches"), "{error}");
+        // Field 1 as a varint: prost refuses the wire type, and so does the count.
+        let mistyped = [1 << 3, 5];
+        assert!(pb::MatchExternalKvPrefixResponse::decode(&mistyped[..]).is_err());
+        let error = CountedPrefixResponse::decode(&mistyped[..]).unwrap_err();
+        assert!(error.to_string().contains("matches"), "{error}");
     }
 
     fn request(

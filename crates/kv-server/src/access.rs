@@ -66,7 +66,7 @@ impl AccessError {
 const SERVICE_PREFIX: &str = "/kv_indexer.v1.KVIndexer/";
 const WRITE_METHOD: &str = "ApplyExternalKvBatch";
 /// The path of `MatchExternalKvPrefix`, the one RPC under admission control.
-pub const PREFIX_PATH: &str = "/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix";
+pub use kv_indexer_proto::prefix_wire::PREFIX_PATH;
 /// The service's methods, for the metric label of a rejected call.
 const METHODS: [&str; 4] = [
     WRITE_METHOD,

@@ -10,8 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
-/// The prefix query's path.
-pub const PREFIX_PATH: &str = "/kv_indexer.v1.KVIndexer/MatchExternalKvPrefix";
+pub use kv_indexer_proto::prefix_wire::PREFIX_PATH;
 
 /// A request body that never arrives.
 pub struct NeverEnds;

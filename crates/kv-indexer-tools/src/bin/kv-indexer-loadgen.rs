@@ -30,12 +30,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use kv_indexer_client::security::Grpc;
+use kv_indexer_client::security::{Authorize, Grpc};
 use kv_indexer_client::{ClientSecurity, Credentials};
+use kv_indexer_proto::MAX_MESSAGE_BYTES;
+use kv_indexer_proto::prefix_wire::{CountedPrefixResponse, PREFIX_PATH};
 use kv_indexer_proto::v1 as pb;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 #[derive(Debug, Parser)]
@@ -133,6 +136,34 @@ impl Connector {
     fn client(&self, channel: &Channel) -> Client {
         self.credentials.client(channel.clone())
     }
+
+    fn prefix_client(&self, channel: &Channel) -> PrefixClient {
+        PrefixClient(
+            tonic::client::Grpc::new(self.credentials.authorized(channel.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+    }
+}
+
+/// Prefix queries whose answers are counted, not decoded into two strings per match
+/// ([`CountedPrefixResponse`]): decoding 1,000-match answers made the generator, not the
+/// server, the limit.
+struct PrefixClient(tonic::client::Grpc<InterceptedService<Channel, Authorize>>);
+
+impl PrefixClient {
+    async fn query(
+        &mut self,
+        request: tonic::Request<pb::MatchExternalKvPrefixRequest>,
+    ) -> Result<CountedPrefixResponse, tonic::Status> {
+        self.0
+            .ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("channel not ready: {e}")))?;
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(PREFIX_PATH);
+        let codec = tonic_prost::ProstCodec::default();
+        Ok(self.0.unary(request, path, codec).await?.into_inner())
+    }
 }
 
 fn report(worker: String, hashes: Vec<i64>) -> pb::ApplyExternalKvBatchRequest {
@@ -190,6 +221,7 @@ struct Tally {
     latencies_us: std::collections::BTreeMap<String, Vec<u64>>,
     best_prefix_sum: u64,
     blocks_read_sum: u64,
+    matches_sum: u64,
 }
 
 impl Tally {
@@ -197,15 +229,12 @@ impl Tally {
         self.latencies_us.get("OK").map_or(0, |l| l.len() as u64)
     }
 
-    fn record(
-        &mut self,
-        result: Result<pb::MatchExternalKvPrefixResponse, tonic::Status>,
-        latency: u64,
-    ) {
+    fn record(&mut self, result: Result<CountedPrefixResponse, tonic::Status>, latency: u64) {
         let outcome = match result {
             Ok(answer) => {
                 self.best_prefix_sum += u64::from(answer.best_prefix_blocks);
                 self.blocks_read_sum += u64::from(answer.blocks_read);
+                self.matches_sum += u64::from(answer.matches);
                 "OK".to_string()
             }
             Err(status) => format!("{:?}", status.code()),
@@ -216,6 +245,7 @@ impl Tally {
     fn merge(&mut self, other: Tally) {
         self.best_prefix_sum += other.best_prefix_sum;
         self.blocks_read_sum += other.blocks_read_sum;
+        self.matches_sum += other.matches_sum;
         for (outcome, latencies) in other.latencies_us {
             self.latencies_us
                 .entry(outcome)
@@ -245,6 +275,12 @@ impl Tally {
         fields.insert("sent_per_s".into(), (sent as f64 / elapsed).into());
         fields.insert("answered".into(), self.ok().into());
         fields.insert("answered_per_s".into(), (self.ok() as f64 / elapsed).into());
+        let per_answer = |sum: u64| sum as f64 / self.ok().max(1) as f64;
+        fields.insert(
+            "mean_best_prefix_blocks".into(),
+            per_answer(self.best_prefix_sum).into(),
+        );
+        fields.insert("mean_matches".into(), per_answer(self.matches_sum).into());
         let answered = self.latencies_us.get("OK").map_or(&[][..], Vec::as_slice);
         fields.extend(latency_fields("answered", answered));
         fields.insert(
@@ -260,11 +296,12 @@ impl Tally {
         let sent: usize = self.latencies_us.values().map(Vec::len).sum();
         let ok = self.ok();
         println!(
-            "prefix queries: {sent} sent ({:.0}/s), {ok} ok ({:.0} ok/s); mean best prefix {:.0} blocks, mean blocks_read {:.0}",
+            "prefix queries: {sent} sent ({:.0}/s), {ok} ok ({:.0} ok/s); mean best prefix {:.0} blocks, mean blocks_read {:.0}, mean matches {:.0}",
             sent as f64 / elapsed,
             ok as f64 / elapsed,
             self.best_prefix_sum as f64 / ok.max(1) as f64,
-            self.blocks_read_sum as f64 / ok.max(1) as f64
+            self.blocks_read_sum as f64 / ok.max(1) as f64,
+            self.matches_sum as f64 / ok.max(1) as f64
         );
         for (outcome, latencies) in &mut self.latencies_us {
             latencies.sort_unstable();
@@ -566,7 +603,7 @@ async fn query(
     let mut queriers = JoinSet::new();
     let concurrency = args.concurrency as u64;
     for q in 0..args.concurrency {
-        let mut client = connector.client(&channels[q % channels.len()]);
+        let mut client = connector.prefix_client(&channels[q % channels.len()]);
         let prompts = prompts.clone();
         let (qps, timeout) = (args.qps, Duration::from_millis(args.timeout_ms));
         let mut rng = StdRng::seed_from_u64(args.seed + 1 + q as u64);
@@ -591,9 +628,9 @@ async fn query(
                 });
                 request.set_timeout(timeout);
                 let sent = Instant::now();
-                let result = client.match_external_kv_prefix(request).await;
+                let result = client.query(request).await;
                 let latency = sent.elapsed().as_micros() as u64;
-                tally.record(result.map(tonic::Response::into_inner), latency);
+                tally.record(result, latency);
             }
             tally
         });
