@@ -3,9 +3,9 @@
 //! Open addressing over 16-byte slots that hold the key next to its value, four to a 64-byte
 //! bucket aligned to a cache line. A hash's probe starts at its home bucket's first slot and
 //! goes on slot by slot (linear probing from a line boundary), so a lookup or an insert
-//! usually touches that one line, where a control-byte table touches two. Probing from the
-//! home slot itself, as before, started anywhere in a line: near the table's top load an
-//! insert's probe ran about 13 slots over 3-4 lines, and an insert was mostly that probe.
+//! usually touches that one line, where a control-byte table touches two. A probe from a home
+//! *slot* would start anywhere in a line: near the table's top load an insert's probe runs
+//! about 13 slots, over 3-4 lines from a random start, and an insert is mostly that probe.
 //! There is no single-key removal: the index deletes lazily and stale entries go in
 //! [`BlockTable::retain`], which rebuilds the table.
 
