@@ -38,13 +38,7 @@ impl prost::Message for DecodedPrefixRequest {
         buf: &mut impl Buf,
         ctx: DecodeContext,
     ) -> Result<(), prost::DecodeError> {
-        // Errors name the field as prost's generated code does.
-        let at = |field: &'static str| {
-            move |mut error: prost::DecodeError| {
-                error.push("MatchExternalKvPrefixRequest", field);
-                error
-            }
-        };
+        let at = |field| in_field("MatchExternalKvPrefixRequest", field);
         let request = &mut self.0;
         match tag {
             1 if wire_type == WireType::LengthDelimited
@@ -73,6 +67,17 @@ impl prost::Message for DecodedPrefixRequest {
 
     fn clear(&mut self) {
         self.0.clear();
+    }
+}
+
+/// Names the field in a decoding error, as prost's generated code does.
+fn in_field(
+    message: &'static str,
+    field: &'static str,
+) -> impl Fn(prost::DecodeError) -> prost::DecodeError {
+    move |mut error| {
+        error.push(message, field);
+        error
     }
 }
 
@@ -178,12 +183,7 @@ impl prost::Message for CountedPrefixResponse {
         buf: &mut impl Buf,
         ctx: DecodeContext,
     ) -> Result<(), prost::DecodeError> {
-        let at = |field: &'static str| {
-            move |mut error: prost::DecodeError| {
-                error.push("MatchExternalKvPrefixResponse", field);
-                error
-            }
-        };
+        let at = |field| in_field("MatchExternalKvPrefixResponse", field);
         match tag {
             1 => {
                 check_wire_type(WireType::LengthDelimited, wire_type).map_err(at("matches"))?;
