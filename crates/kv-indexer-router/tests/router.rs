@@ -130,13 +130,7 @@ async fn start_router(argv: &[&str]) -> TestRouter {
 impl TestRouter {
     /// Sends a `/generate` and returns the worker that answered and the body.
     async fn generate(&self, body: Value) -> (u16, String, String) {
-        let response = self
-            .http
-            .post(format!("{}/generate", self.url))
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
+        let response = self.send_generate(body).await.unwrap();
         let status = response.status().as_u16();
         let worker = response
             .headers()
@@ -144,6 +138,26 @@ impl TestRouter {
             .map(|v| v.to_str().unwrap().to_string())
             .unwrap_or_default();
         (status, worker, response.text().await.unwrap())
+    }
+
+    /// `POST /generate`, as a future that owns what it needs (so it can be spawned and left
+    /// pending).
+    fn send_generate(
+        &self,
+        body: Value,
+    ) -> impl Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+        self.http
+            .post(format!("{}/generate", self.url))
+            .body(body.to_string())
+            .send()
+    }
+
+    /// `POST /generate` of `tokens`.
+    fn send_tokens(
+        &self,
+        tokens: Vec<u64>,
+    ) -> impl Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+        self.send_generate(json!({ "input_ids": tokens }))
     }
 }
 
@@ -385,15 +399,7 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
     // The stuck worker holds the first 128 of each 256-token prompt: 128 to prefill, 128 saved.
     let hot = prompt(8, 256);
     report(&indexer, &stuck, &hot[..128]).await;
-    let send = |tokens: Vec<u64>| {
-        let (http, url) = (router.http.clone(), router.url.clone());
-        async move {
-            http.post(format!("{url}/generate"))
-                .body(json!({"input_ids": tokens}).to_string())
-                .send()
-                .await
-        }
-    };
+    let send = |tokens| router.send_tokens(tokens);
     // Each request goes to its cache and stays queued there, 128 tokens of pressure each,
     // until the excess over the idle worker beats the 128 tokens the cache saves plus 100.
     let first = tokio::spawn(send(hot.clone()));
@@ -428,28 +434,12 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
         "200",
     ])
     .await;
-    let pending = tokio::spawn({
-        let (http, url, hot) = (router.http.clone(), router.url.clone(), hot.clone());
-        async move {
-            http.post(format!("{url}/generate"))
-                .body(json!({"input_ids": hot}).to_string())
-                .send()
-                .await
-        }
-    });
+    let pending = tokio::spawn(router.send_tokens(hot.clone()));
     wait::until("the request to be queued on the stuck worker", || async {
         (router.state.workers.list[1].pressure() == 128).then_some(())
     })
     .await;
-    let second = tokio::spawn({
-        let (http, url) = (router.http.clone(), router.url.clone());
-        async move {
-            http.post(format!("{url}/generate"))
-                .body(json!({"input_ids": hot}).to_string())
-                .send()
-                .await
-        }
-    });
+    let second = tokio::spawn(router.send_tokens(hot));
     wait::until("the second request to queue behind the first", || async {
         (router.state.workers.list[1].pressure() == 256).then_some(())
     })

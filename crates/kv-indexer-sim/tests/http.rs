@@ -96,6 +96,20 @@ fn ids(range: std::ops::Range<u64>) -> Vec<u64> {
     range.collect()
 }
 
+/// A worker with room for 2 pages on the device and 8 on the host.
+async fn two_page_worker() -> Worker {
+    let mut config = config();
+    config.cache.capacity_tokens = 2 * PAGE;
+    config.cache.host_capacity_tokens = 8 * PAGE;
+    worker(config).await
+}
+
+/// How the simulated worker hashes its pages (no bigrams).
+const HASH: HashConfig = HashConfig {
+    block_size: PAGE,
+    bigram: false,
+};
+
 #[tokio::test]
 async fn generate_answers_in_sglang_shape_and_reports_cached_tokens() {
     let worker = worker(config()).await;
@@ -425,16 +439,8 @@ async fn publishes_the_prompt_pages_with_sglang_block_hashes() {
 
 #[tokio::test]
 async fn cache_view_lists_the_held_block_hashes_per_tier() {
-    let mut config = config();
-    // Room for 2 pages on the device and 8 on the host.
-    config.cache.capacity_tokens = 2 * PAGE;
-    config.cache.host_capacity_tokens = 8 * PAGE;
-    let worker = worker(config).await;
+    let worker = two_page_worker().await;
     let app = worker.router();
-    let hash = HashConfig {
-        block_size: PAGE,
-        bigram: false,
-    };
 
     let (status, empty) = get(&app, "/cache_view").await;
     assert_eq!(status, StatusCode::OK, "{empty}");
@@ -449,7 +455,7 @@ async fn cache_view_lists_the_held_block_hashes_per_tier() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    let mut first_hashes = block_hashes(&first[..8], hash, None);
+    let mut first_hashes = block_hashes(&first[..8], HASH, None);
     first_hashes.sort_unstable();
     let (_, view) = get(&app, "/cache_view").await;
     assert_eq!(view["tiers"]["GPU"], json!(first_hashes));
@@ -463,7 +469,7 @@ async fn cache_view_lists_the_held_block_hashes_per_tier() {
         json!({"input_ids": second, "sampling_params": {"max_new_tokens": 1}}),
     )
     .await;
-    let mut second_hashes = block_hashes(&second[..8], hash, None);
+    let mut second_hashes = block_hashes(&second[..8], HASH, None);
     second_hashes.sort_unstable();
     let (_, view) = get(&app, "/cache_view").await;
     assert_eq!(view["tiers"]["GPU"], json!(second_hashes));
@@ -476,16 +482,8 @@ async fn cache_view_lists_the_held_block_hashes_per_tier() {
 
 #[tokio::test]
 async fn cache_prefix_counts_the_held_leading_pages_per_tier() {
-    let mut config = config();
-    // Room for 2 pages on the device and 8 on the host.
-    config.cache.capacity_tokens = 2 * PAGE;
-    config.cache.host_capacity_tokens = 8 * PAGE;
-    let worker = worker(config).await;
+    let worker = two_page_worker().await;
     let app = worker.router();
-    let hash = HashConfig {
-        block_size: PAGE,
-        bigram: false,
-    };
     let prefix = |hashes: Vec<i64>| {
         let app = app.clone();
         async move {
@@ -494,7 +492,7 @@ async fn cache_prefix_counts_the_held_leading_pages_per_tier() {
             (answer["device_pages"].clone(), answer["host_pages"].clone())
         }
     };
-    let first = block_hashes(&ids(0..8), hash, None);
+    let first = block_hashes(&ids(0..8), HASH, None);
     assert_eq!(prefix(first.clone()).await, (json!(0), json!(0)));
     for prompt in [ids(0..9), ids(50..59)] {
         let body = json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}});
@@ -502,10 +500,10 @@ async fn cache_prefix_counts_the_held_leading_pages_per_tier() {
     }
     // The second prompt took the device: the first one's two pages are on the host.
     assert_eq!(prefix(first.clone()).await, (json!(0), json!(2)));
-    let second = block_hashes(&ids(50..58), hash, None);
+    let second = block_hashes(&ids(50..58), HASH, None);
     assert_eq!(prefix(second.clone()).await, (json!(2), json!(0)));
     // A prompt continuing the second one: its leading pages only.
-    let longer = block_hashes(&ids(50..62), hash, None);
+    let longer = block_hashes(&ids(50..62), HASH, None);
     assert_eq!(prefix(longer).await, (json!(2), json!(0)));
     // Asking changed nothing.
     assert_eq!(prefix(first).await, (json!(0), json!(2)));
