@@ -11,18 +11,19 @@ was: a server near its CPUs' count is saturated; a generator near 1.0 is the lim
     scripts/grpc_cores.py --server-cpus 0,1          # two (the generators share CPU 1)
 
 Needs the release binaries (cargo build --release --bin kv-indexer-server --bin
-kv-indexer-loadgen) in $CARGO_TARGET_DIR (default target/).
+kv-indexer-loadgen) in target/release, as the other scripts.
 """
 
 import argparse
 import os
 import socket
 import subprocess
+import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release")
-TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fault_tests import BIN  # noqa: E402  (the scripts' shared helpers)
+from overload import cpu_times, pinned  # noqa: E402  (CPU by thread role, from /proc)
 
 
 def free_port():
@@ -32,9 +33,8 @@ def free_port():
 
 
 def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    """CPU seconds of `pid` by thread role (see overload.THREADS)."""
+    return cpu_times(pid)[0]
 
 
 def main():
@@ -52,11 +52,11 @@ def main():
     port, apply_port = free_port(), free_port()
     env = dict(os.environ, KV_INDEXER_LISTEN_ADDR=f"127.0.0.1:{port}",
                KV_INDEXER_APPLY_LISTEN_ADDR=f"127.0.0.1:{apply_port}")
-    loadgen = ["taskset", "-c", args.generator_cpus, os.path.join(BIN, "kv-indexer-loadgen"),
-               "--endpoint", f"http://127.0.0.1:{port}", "--workers", str(args.workers),
-               "--prompts", str(args.workers), "--prompt-blocks", str(args.prompt_blocks)]
-    server = subprocess.Popen(["taskset", "-c", args.server_cpus,
-                               os.path.join(BIN, "kv-indexer-server")],
+    loadgen = pinned(args.generator_cpus, [
+        os.path.join(BIN, "kv-indexer-loadgen"), "--endpoint", f"http://127.0.0.1:{port}",
+        "--workers", str(args.workers), "--prompts", str(args.workers),
+        "--prompt-blocks", str(args.prompt_blocks)])
+    server = subprocess.Popen(pinned(args.server_cpus, [os.path.join(BIN, "kv-indexer-server")]),
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1)
@@ -76,7 +76,11 @@ def main():
         start = time.monotonic()
         time.sleep(max(1, args.duration_s - 4))
         elapsed = time.monotonic() - start
-        shares = {name: (cpu_seconds(pid) - before[name]) / elapsed for name, pid in pids.items()}
+        after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        # Per process, and the server's by thread role.
+        shares = {name: sum(after[name].values()) - sum(before[name].values()) for name in pids}
+        roles = {role: max(0.0, used - before["server"].get(role, 0.0))
+                 for role, used in after["server"].items()}
         query_report = queries.communicate()[0]
         churn_report = churn.communicate()[0]
     finally:
@@ -88,7 +92,9 @@ def main():
     for line in churn_report.splitlines():
         if line.startswith("ingest:") or line.startswith("apply"):
             print(line)
-    print(f"CPU over {elapsed:.0f} s: " + ", ".join(f"{n} {s:.2f} cores" for n, s in shares.items()))
+    print(f"CPU over {elapsed:.0f} s: "
+          + ", ".join(f"{n} {s / elapsed:.2f} cores" for n, s in shares.items()))
+    print("server by thread: " + ", ".join(f"{r} {s / elapsed:.2f}" for r, s in sorted(roles.items())))
 
 
 if __name__ == "__main__":
