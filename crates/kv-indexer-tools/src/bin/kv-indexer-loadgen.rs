@@ -254,6 +254,11 @@ impl Tally {
         }
     }
 
+    /// A sum over the answers, per answer.
+    fn per_answer(&self, sum: u64) -> f64 {
+        sum as f64 / self.ok().max(1) as f64
+    }
+
     /// The report's query fields (latencies sorted first).
     fn summary(&mut self, elapsed: f64) -> serde_json::Map<String, serde_json::Value> {
         for latencies in self.latencies_us.values_mut() {
@@ -275,12 +280,14 @@ impl Tally {
         fields.insert("sent_per_s".into(), (sent as f64 / elapsed).into());
         fields.insert("answered".into(), self.ok().into());
         fields.insert("answered_per_s".into(), (self.ok() as f64 / elapsed).into());
-        let per_answer = |sum: u64| sum as f64 / self.ok().max(1) as f64;
         fields.insert(
             "mean_best_prefix_blocks".into(),
-            per_answer(self.best_prefix_sum).into(),
+            self.per_answer(self.best_prefix_sum).into(),
         );
-        fields.insert("mean_matches".into(), per_answer(self.matches_sum).into());
+        fields.insert(
+            "mean_matches".into(),
+            self.per_answer(self.matches_sum).into(),
+        );
         let answered = self.latencies_us.get("OK").map_or(&[][..], Vec::as_slice);
         fields.extend(latency_fields("answered", answered));
         fields.insert(
@@ -299,9 +306,9 @@ impl Tally {
             "prefix queries: {sent} sent ({:.0}/s), {ok} ok ({:.0} ok/s); mean best prefix {:.0} blocks, mean blocks_read {:.0}, mean matches {:.0}",
             sent as f64 / elapsed,
             ok as f64 / elapsed,
-            self.best_prefix_sum as f64 / ok.max(1) as f64,
-            self.blocks_read_sum as f64 / ok.max(1) as f64,
-            self.matches_sum as f64 / ok.max(1) as f64
+            self.per_answer(self.best_prefix_sum),
+            self.per_answer(self.blocks_read_sum),
+            self.per_answer(self.matches_sum)
         );
         for (outcome, latencies) in &mut self.latencies_us {
             latencies.sort_unstable();
@@ -327,6 +334,17 @@ fn latency_fields(name: &str, sorted: &[u64]) -> serde_json::Map<String, serde_j
     let max = sorted.last().copied().unwrap_or(0);
     fields.insert(format!("{name}_max_us"), max.into());
     fields
+}
+
+/// `<label> latency µs over <n>: p50 … p99 … max …` of sorted latencies.
+fn print_latencies(label: &str, sorted: &[u64]) {
+    println!(
+        "{label} latency µs over {}: p50 {} p99 {} max {}",
+        sorted.len(),
+        percentile(sorted, 50.0),
+        percentile(sorted, 99.0),
+        sorted.last().copied().unwrap_or(0)
+    );
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -403,13 +421,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(background) = background {
         let mut latencies = background.await??;
         latencies.sort_unstable();
-        println!(
-            "background scan latency µs over {}: p50 {} p99 {} max {}",
-            latencies.len(),
-            percentile(&latencies, 50.0),
-            percentile(&latencies, 99.0),
-            latencies.last().copied().unwrap_or(0)
-        );
+        print_latencies("background scan", &latencies);
     }
     if let Some(path) = &args.json_out {
         append_line(path, &serde_json::Value::Object(report))?;
@@ -496,14 +508,7 @@ impl Applies {
             self.block_ops as f64 / elapsed / 1e6,
             target_ops as f64 / 1e6
         );
-        let latencies = &self.latencies_us;
-        println!(
-            "apply (REPORT or REVOKE) latency µs over {}: p50 {} p99 {} max {}",
-            latencies.len(),
-            percentile(latencies, 50.0),
-            percentile(latencies, 99.0),
-            latencies.last().copied().unwrap_or(0)
-        );
+        print_latencies("apply (REPORT or REVOKE)", &self.latencies_us);
     }
 
     /// The report's apply fields (after `print`, which sorts).
@@ -601,8 +606,8 @@ async fn query(
 ) -> anyhow::Result<Tally> {
     let deadline = start + Duration::from_secs(args.duration_secs);
     let mut queriers = JoinSet::new();
-    let concurrency = args.concurrency as u64;
-    for q in 0..args.concurrency {
+    let concurrency = args.concurrency;
+    for q in 0..concurrency {
         let mut client = connector.prefix_client(&channels[q % channels.len()]);
         let prompts = prompts.clone();
         let (qps, timeout) = (args.qps, Duration::from_millis(args.timeout_ms));
@@ -612,7 +617,7 @@ async fn query(
             // Each querier keeps its own share of the schedule (every `concurrency`-th
             // slot), so that a connection whose calls fail fast does not draw the load away
             // from the others.
-            for i in (q as u64..).step_by(concurrency as usize) {
+            for i in (q as u64..).step_by(concurrency) {
                 if qps > 0 {
                     let due = start + Duration::from_secs_f64(i as f64 / qps as f64);
                     tokio::time::sleep_until(due.into()).await;
