@@ -2,9 +2,9 @@
 //! codes; and what can stop the server from starting or serving.
 
 use kv_index::{ErrorClass, ValidationError};
+use tonic::{Code, Status};
 
 use crate::pool::PoolError;
-use tonic::{Code, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -17,7 +17,7 @@ pub enum ServerError {
     #[error("query task failed")]
     Task(#[source] tokio::task::JoinError),
     #[error("the prefix scan did not run")]
-    Scan(#[from] crate::pool::PoolError),
+    Scan(#[from] PoolError),
     #[error(
         "worker {worker_id}: this bridge's incarnation {incarnation} is older than {newest}, which another bridge for the worker sent: this bridge is fenced"
     )]

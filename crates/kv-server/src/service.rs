@@ -205,15 +205,6 @@ impl Shared {
         if let Some(index) = self.index.try_read() {
             return Ok(query(self, &index));
         }
-        self.read_blocking(query).await
-    }
-
-    /// Runs `query` under the read lock on the blocking pool.
-    async fn read_blocking<T, F>(self: &Arc<Self>, query: F) -> Result<T, ServerError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Shared, &Index) -> T + Send + 'static,
-    {
         let shared = self.clone();
         tokio::task::spawn_blocking(move || query(&shared, &shared.index.read()))
             .await
