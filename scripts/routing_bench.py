@@ -60,6 +60,9 @@ TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
 BIN = os.path.join(TARGET, "release")
 BLOCK_TOKENS = 512
 PAGE = 16
+# The time model's prefill constants (model time; docs/routing-bench.md), the flags' defaults.
+PREFILL_US_PER_TOKEN = 40.0
+ATTENTION_US_PER_TOKEN_PER_1K = 1.3
 
 POLICIES = {
     "indexer": ["--policy", "cache_aware", "--kv-indexer-endpoint", "{indexer}"],
@@ -339,8 +342,10 @@ def main():
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--capacity-tokens", type=int, default=262_144, help="device cache per worker")
     p.add_argument("--host-capacity-tokens", type=int, default=0, help="host tier per worker")
-    p.add_argument("--prefill-us-per-token", type=float, default=40.0, help="model time")
-    p.add_argument("--attention-us-per-token-per-1k", type=float, default=1.3, help="model time")
+    p.add_argument("--prefill-us-per-token", type=float, default=PREFILL_US_PER_TOKEN,
+                   help="model time")
+    p.add_argument("--attention-us-per-token-per-1k", type=float,
+                   default=ATTENTION_US_PER_TOKEN_PER_1K, help="model time")
     p.add_argument("--decode-ms-per-token", type=float, default=10.0, help="model time")
     p.add_argument("--speedup", type=float, default=10.0, help="simulated GPUs run this much faster")
     p.add_argument("--max-new-tokens", type=int, default=0, help="cap on the trace's output lengths (0: none)")

@@ -39,23 +39,26 @@ import argparse
 import heapq
 import json
 import os
+import sys
 from collections import OrderedDict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRACES = {
-    "conversation": os.path.join(ROOT, "crates/kv-index/benches/data/conversation_trace.jsonl"),
-    "synthetic": os.path.join(ROOT, "bench/traces/synthetic_trace.jsonl"),
-}
-BLOCK = 512
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import routing_bench  # noqa: E402  (the live benchmark: its traces and time model)
+
+TRACES = routing_bench.TRACES
+BLOCK = routing_bench.BLOCK_TOKENS
+MODEL = routing_bench.TimeModel(argparse.Namespace(
+    prefill_us_per_token=routing_bench.PREFILL_US_PER_TOKEN,
+    attention_us_per_token_per_1k=routing_bench.ATTENTION_US_PER_TOKEN_PER_1K,
+    decode_ms_per_token=0, speedup=1))
 # The router's default --cache-affinity-min-matched-tokens (1024); --radix-max-tokens is set in main.
 MIN_MATCHED_BLOCKS = 1024 // BLOCK
 RADIX_BLOCKS = None
 
 
 def prefill_s(uncached, cached):
-    """docs/routing-bench.md: the linear part plus attention over the context before each token."""
-    pairs = uncached * cached + uncached * (uncached - 1) / 2
-    return uncached * 40e-6 + pairs * 1.3e-6 / 1000
+    """The live benchmark's prefill time (docs/routing-bench.md), in model seconds."""
+    return MODEL.prefill(cached, uncached)
 
 
 def cached_tokens(blocks, request):
