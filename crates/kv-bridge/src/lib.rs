@@ -1,6 +1,7 @@
 //! `kv-indexer-bridge`: follows one SGLang worker's KV event stream (ZMQ SUB), decodes and maps
 //! each batch to ordered apply RPCs, and delivers them to the Indexer.
 //!
+//! - [`error`]: why the bridge stopped;
 //! - [`config`]: variables and flags of the contract's "Bridge contract";
 //! - [`subscriber`]: the SUB socket, connected with retries for as long as the publisher is away;
 //! - [`batch`]: a payload's pure path to apply messages (decode, map, split, convert);
@@ -23,6 +24,7 @@
 pub mod backoff;
 pub mod batch;
 pub mod config;
+pub mod error;
 pub mod outbox;
 pub mod replay;
 pub mod sender;
@@ -42,29 +44,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use zeromq::{SocketEvent, SocketRecv};
 
+pub use self::error::BridgeError;
+
 use self::config::BridgeConfig;
 use self::outbox::{ClearReason, Item, Outbox};
 use self::sender::Sender;
 use self::sequence::{SeqCheck, SeqTracker};
 use self::stats::Stats;
 use self::subscriber::{Monitor, Subscription};
-
-/// Why the bridge stopped: a misconfiguration or a permanent answer, never an outage.
-#[derive(Debug, thiserror::Error)]
-pub enum BridgeError {
-    #[error("KV_INDEXER_ENDPOINT (--endpoint) cannot be used")]
-    Endpoint(#[source] kv_indexer_client::security::SecurityError),
-    #[error(
-        "the indexer refused the bridge's token ({message}): set KV_INDEXER_TOKEN (--indexer-token) to the server's KV_INDEXER_WRITE_TOKEN; not retrying"
-    )]
-    Unauthenticated { message: String },
-    #[error(
-        "the indexer rejected a batch with {code:?} ({message}): a bug or a misconfiguration, not retrying"
-    )]
-    Permanent { code: tonic::Code, message: String },
-    #[error("the sender task failed")]
-    Task(#[source] tokio::task::JoinError),
-}
 
 /// Replayed batches remembered to tell a duplicate live batch from a publisher restart.
 const REMEMBERED_REPLAYS: usize = 100_000;

@@ -13,10 +13,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::{info, warn};
 
-use super::BridgeError;
 use super::backoff::Backoff;
 use super::batch;
 use super::config::BridgeConfig;
+use super::error::BridgeError;
 use super::outbox::{Item, Outbox};
 use super::stats::Stats;
 

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use http::HeaderMap;
-use kv_common::{PemError, Secret, is_sendable_token, read_pem};
+use kv_common::{PemError, is_sendable_token, read_pem};
 use sha2::{Digest, Sha256};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -20,8 +20,6 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
 use tonic::Status;
-
-use crate::config::Args;
 
 /// A TLS or token setting the server cannot use, naming the variable it read it from.
 #[derive(Debug, thiserror::Error)]
@@ -180,6 +178,17 @@ impl Tokens {
     }
 }
 
+/// The access settings as plain values: the certificate files and the tokens (`config` parses
+/// the flags into them).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AccessSettings<'a> {
+    pub tls_cert: Option<&'a Path>,
+    pub tls_key: Option<&'a Path>,
+    pub tls_client_ca: Option<&'a Path>,
+    pub write_token: Option<&'a str>,
+    pub read_token: Option<&'a str>,
+}
+
 /// Everything that decides who may connect and call.
 #[derive(Clone, Default)]
 pub struct Access {
@@ -200,23 +209,20 @@ impl std::fmt::Debug for Access {
 }
 
 impl Access {
-    /// Reads the certificate files and tokens the settings name.
-    pub fn from_args(args: &Args) -> Result<Access, AccessError> {
-        let tokens = Tokens::new(
-            args.write_token.as_ref().map(Secret::expose),
-            args.read_token.as_ref().map(Secret::expose),
-        )?;
-        let tls = match (&args.tls_cert, &args.tls_key) {
-            (None, None) if args.tls_client_ca.is_some() => {
+    /// Reads the certificate files and tokens `settings` name.
+    pub fn from_settings(settings: &AccessSettings<'_>) -> Result<Access, AccessError> {
+        let tokens = Tokens::new(settings.write_token, settings.read_token)?;
+        let tls = match (settings.tls_cert, settings.tls_key) {
+            (None, None) if settings.tls_client_ca.is_some() => {
                 return Err(AccessError::ClientCaWithoutTls);
             }
             (None, None) => None,
-            (Some(cert), Some(key)) => Some(server_tls(cert, key, args.tls_client_ca.as_deref())?),
+            (Some(cert), Some(key)) => Some(server_tls(cert, key, settings.tls_client_ca)?),
             _ => return Err(AccessError::HalfTls),
         };
         Ok(Access {
             tls,
-            mutual_tls: args.tls_client_ca.is_some(),
+            mutual_tls: settings.tls_client_ca.is_some(),
             tokens,
         })
     }

@@ -9,9 +9,10 @@ use std::time::Duration;
 use clap::Parser;
 use kv_common::Secret;
 
-use crate::access::{Access, AccessError};
-use crate::state::stream::{StreamConfig, StreamConfigError};
-use crate::state::writer::{SyncPolicy, WriterConfig};
+use kv_state::settings::{FleetSettings, Settings, SyncPolicy};
+use kv_state::stream::{StreamConfig, StreamConfigError};
+
+use crate::access::{Access, AccessError, AccessSettings};
 
 /// The KV-cache Indexer gRPC server.
 #[derive(Debug, Clone, Parser)]
@@ -138,14 +139,6 @@ pub enum ConfigError {
     EventLog(#[from] StreamConfigError),
 }
 
-/// The shared log's settings.
-#[derive(Debug, Clone)]
-pub struct FleetConfig {
-    pub stream: StreamConfig,
-    /// Staler than this, queries answer UNAVAILABLE.
-    pub max_lag: Duration,
-}
-
 /// What one listener lets its clients hold at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
@@ -177,16 +170,8 @@ pub struct Config {
     pub access: Access,
     /// How long a shutdown waits for open connections to finish before it drops them.
     pub drain_timeout: Duration,
-    /// The writer's sync policy and worker TTL.
-    pub writer: WriterConfig,
-    /// Where the durable state lives (`None`: in memory).
-    pub state_dir: Option<PathBuf>,
-    /// Between periodic snapshots (`None`: only at shutdown).
-    pub snapshot_interval: Option<Duration>,
-    /// Start empty (files moved aside) rather than refuse a corrupt state directory.
-    pub discard_corrupt_state: bool,
-    /// A shared log (`None`: the state directory's own log, or memory).
-    pub fleet: Option<FleetConfig>,
+    /// Where the state lives and how it is kept (memory, a directory, a shared log).
+    pub state: Settings,
 }
 
 /// The default of [`Config::drain_timeout`].
@@ -207,14 +192,7 @@ impl Default for Config {
             connections: ConnectionLimits::default(),
             access: Access::default(),
             drain_timeout: DRAIN_TIMEOUT,
-            writer: WriterConfig {
-                sync: SyncPolicy::Batch,
-                worker_ttl: Some(Duration::from_secs(30)),
-            },
-            state_dir: None,
-            snapshot_interval: Some(Duration::from_secs(60)),
-            discard_corrupt_state: false,
-            fleet: None,
+            state: Settings::default(),
         }
     }
 }
@@ -224,7 +202,7 @@ impl Config {
     pub fn from_args(args: &Args) -> Result<Config, ConfigError> {
         let fleet = match &args.event_log {
             None => None,
-            Some(url) => Some(FleetConfig {
+            Some(url) => Some(FleetSettings {
                 stream: StreamConfig::new(
                     url,
                     &args.event_log_key,
@@ -242,19 +220,29 @@ impl Config {
                 max_connections: args.max_connections.map(NonZeroUsize::get),
                 max_concurrent_streams: args.max_concurrent_streams.get(),
             },
-            access: Access::from_args(args)?,
+            access: Access::from_settings(&AccessSettings {
+                tls_cert: args.tls_cert.as_deref(),
+                tls_key: args.tls_key.as_deref(),
+                tls_client_ca: args.tls_client_ca.as_deref(),
+                write_token: args.write_token.as_ref().map(Secret::expose),
+                read_token: args.read_token.as_ref().map(Secret::expose),
+            })?,
             drain_timeout: Duration::from_secs(args.drain_timeout_s),
-            writer: WriterConfig {
+            state: Settings {
+                dir: args.state_dir.clone(),
                 sync: args.log_sync,
-                worker_ttl: (args.worker_ttl_s > 0).then(|| Duration::from_secs(args.worker_ttl_s)),
+                worker_ttl: seconds(args.worker_ttl_s),
+                snapshot_interval: seconds(args.snapshot_interval_s),
+                discard_corrupt: args.discard_corrupt_state,
+                fleet,
             },
-            state_dir: args.state_dir.clone(),
-            snapshot_interval: (args.snapshot_interval_s > 0)
-                .then(|| Duration::from_secs(args.snapshot_interval_s)),
-            discard_corrupt_state: args.discard_corrupt_state,
-            fleet,
         })
     }
+}
+
+/// A number of seconds as a duration, 0 as none.
+fn seconds(value: u64) -> Option<Duration> {
+    (value > 0).then(|| Duration::from_secs(value))
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 use kv_index::{ErrorClass, ValidationError};
 use tonic::{Code, Status};
 
+use kv_state::error::ChangeError;
+
 use crate::pool::PoolError;
 
 #[derive(Debug, thiserror::Error)]
@@ -18,52 +20,45 @@ pub enum ServerError {
     Task(#[source] tokio::task::JoinError),
     #[error("the prefix scan did not run")]
     Scan(#[from] PoolError),
-    #[error(
-        "worker {worker_id}: this bridge's incarnation {incarnation} is older than {newest}, which another bridge for the worker sent: this bridge is fenced"
-    )]
-    Fenced {
-        worker_id: String,
-        incarnation: u64,
-        newest: u64,
-    },
-    #[error(
-        "the index is still being recovered (from KV_INDEXER_STATE_DIR or the shared log); retry shortly"
-    )]
-    NotReady,
-    #[error(
-        "this replica is {lag_ms} ms behind the shared log (KV_INDEXER_MAX_LAG_MS {max_ms}); try another replica"
-    )]
-    Stale { lag_ms: u64, max_ms: u64 },
-    #[error("the shared log cannot be written; retry")]
-    EventLog(#[source] std::sync::Arc<crate::state::stream::StreamError>),
-    #[error("the shared log lost this change before it was applied (the engine lost data); retry")]
-    LogReset,
-    #[error("the server is stopping")]
-    WriterGone,
-    #[error("the log cannot be written; changes are refused until the server restarts")]
-    LogUnwritable(#[source] std::sync::Arc<crate::state::StateError>),
+    /// Refused by the state beneath (fencing, readiness, freshness, the log).
+    #[error(transparent)]
+    State(#[from] ChangeError),
 }
 
 impl ServerError {
     pub fn code(&self) -> Code {
         match self {
-            ServerError::Invalid(error) => match error.class() {
-                ErrorClass::InvalidArgument => Code::InvalidArgument,
-                ErrorClass::ResourceExhausted => Code::ResourceExhausted,
-            },
+            ServerError::Invalid(error) => validation_code(error),
             ServerError::Overloaded { .. } => Code::ResourceExhausted,
             ServerError::DeadlineSpent { .. } => Code::DeadlineExceeded,
             ServerError::Task(_) | ServerError::Scan(PoolError::Panicked) => Code::Internal,
             ServerError::Scan(PoolError::Full) => Code::ResourceExhausted,
-            ServerError::Fenced { .. } => Code::FailedPrecondition,
-            ServerError::NotReady
-            | ServerError::Scan(PoolError::Stopped)
-            | ServerError::WriterGone
-            | ServerError::LogUnwritable(_)
-            | ServerError::Stale { .. }
-            | ServerError::EventLog(_)
-            | ServerError::LogReset => Code::Unavailable,
+            ServerError::Scan(PoolError::Stopped) => Code::Unavailable,
+            ServerError::State(error) => state_code(error),
         }
+    }
+}
+
+fn validation_code(error: &ValidationError) -> Code {
+    match error.class() {
+        ErrorClass::InvalidArgument => Code::InvalidArgument,
+        ErrorClass::ResourceExhausted => Code::ResourceExhausted,
+    }
+}
+
+/// A refusal of the state: a fenced bridge must stop (FAILED_PRECONDITION); everything else
+/// passes (a replica catching up or stale, a log that cannot be written, a stop) and the caller
+/// retries or tries another replica (UNAVAILABLE).
+fn state_code(error: &ChangeError) -> Code {
+    match error {
+        ChangeError::Invalid(error) => validation_code(error),
+        ChangeError::Fenced { .. } => Code::FailedPrecondition,
+        ChangeError::NotReady
+        | ChangeError::Stale { .. }
+        | ChangeError::EventLog(_)
+        | ChangeError::LogReset
+        | ChangeError::WriterGone
+        | ChangeError::LogUnwritable(_) => Code::Unavailable,
     }
 }
 

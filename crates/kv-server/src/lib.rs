@@ -3,6 +3,7 @@
 //! control, deadline shedding, health, reflection and metrics. It knows nothing of ZMQ or of
 //! SGLang's events; wire ↔ index conversion is `kv_indexer_proto::convert`.
 //!
+//! - [`boot`]: opens the state beneath (`kv_state`) and keeps health in step with it;
 //! - [`access`]: TLS (optionally mutual) and the read and write tokens;
 //! - [`config`]: flags and environment variables;
 //! - [`server`]: assembles the gRPC server and runs it on a bound listener;
@@ -13,6 +14,7 @@
 //! - [`observe`]: Prometheus metrics and their admin endpoint;
 
 pub mod access;
+pub mod boot;
 pub mod config;
 pub mod deadline;
 pub mod error;
@@ -21,7 +23,6 @@ pub mod pool;
 mod prefix_route;
 pub mod server;
 pub mod service;
-pub mod state;
 
 pub use config::{Args, Config};
 pub use server::run;

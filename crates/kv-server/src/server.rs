@@ -40,8 +40,6 @@ use crate::deadline::Arrival;
 use crate::error::StartError;
 use crate::observe;
 use crate::service::{IndexerService, Shared};
-use crate::state::Meta;
-use crate::state::writer::Writer;
 
 /// The longest an admitted prefix query may stay, from its head's arrival to its answer, when
 /// its `grpc-timeout` asks for no less: generous for the largest query (8 MiB, a scan of a
@@ -431,14 +429,14 @@ async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
 /// Shared state for an in-memory server with `config`, ready at once (its writer started).
 pub fn shared(config: &Config) -> Arc<Shared> {
     let shared = Arc::new(Shared::new(config).expect("starting the query threads"));
-    let writer = Writer::start(
+    let writer = kv_state::writer::Writer::start(
         shared.index_cell(),
         None,
-        Meta::new(),
-        config.writer.clone(),
+        kv_state::meta::Meta::new(),
+        config.state.worker_ttl,
     )
     .expect("starting the writer thread");
-    shared.install(None, writer);
+    shared.install(writer);
     shared
 }
 
@@ -447,6 +445,9 @@ mod tests {
     use super::*;
     use crate::access::{Access, Tokens};
     use crate::service::Admission;
+    use kv_indexer_proto::v1 as pb;
+    use kv_indexer_proto::v1::kv_indexer_server::KvIndexer;
+    use tonic::Request;
 
     const APPLY: &str = "/kv_indexer.v1.KVIndexer/ApplyExternalKvBatch";
     const PEER: &str = "127.0.0.1:9";
@@ -544,5 +545,32 @@ mod tests {
         let status = gate.outstayed(&passed, Duration::from_millis(5));
         assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
         assert_eq!(gate.shared.shed_and_rejected().0, 1);
+    }
+
+    #[tokio::test]
+    #[allow(clippy::await_holding_lock)] // holding the write lock over the await is the case
+    async fn a_prefix_scan_waits_for_the_index_on_a_query_thread() {
+        let shared = shared(&Config {
+            query_threads: 1,
+            ..Config::default()
+        });
+        let service = IndexerService::new(shared.clone());
+        let held = shared.lock_index();
+        let query = tokio::spawn(async move {
+            let request = Request::new(pb::MatchExternalKvPrefixRequest {
+                hashes: vec![1],
+                max_blocks: 0,
+                max_matches: None,
+            });
+            service.match_external_kv_prefix(request).await
+        });
+        // The test runtime has one thread: this runs again only if the scan waits elsewhere.
+        tokio::task::yield_now().await;
+        assert_eq!(shared.prefix_queries_in_flight(), 1);
+        assert!(!query.is_finished());
+        drop(held);
+        let answer = query.await.unwrap().unwrap().into_inner();
+        assert_eq!(answer.best_prefix_blocks, 0);
+        assert_eq!(shared.prefix_scans(), 1);
     }
 }

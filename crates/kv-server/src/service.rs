@@ -12,14 +12,14 @@
 //! Locking: one `parking_lot::RwLock` around the index. Applies take the write lock (one apply
 //! is atomic); queries take the read lock (one query sees one state). No async worker thread
 //! ever waits for the lock:
-//! - applies and hit-counting matches are sent to the one writer thread (`state::writer`),
+//! - applies and hit-counting matches are sent to the one writer thread (`kv_state::writer`),
 //!   which logs them and applies them in log order; prefix scans wait on the query threads;
 //! - the other queries try the read lock inline (`try_read`, which never waits) and, when a
 //!   writer holds it or waits for it, go to the blocking pool and wait there. parking_lot's
 //!   lock is task-fair: a waiting writer stops new readers, so a stream of queries cannot
 //!   starve the applies (`read_recursive`, used before, let readers overtake a waiting writer).
 //! - A panic inside an apply (a bug) aborts the process before the write lock is released: a
-//!   half-applied index is never served (see [`AbortOnPanic`]).
+//!   half-applied index is never served (see `kv_state::cell::AbortOnPanic`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 use kv_index::{Index, IndexStats, PrefixHits, validate_lookup, validate_prefix};
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexer;
-use parking_lot::RwLock;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
@@ -39,16 +38,16 @@ use crate::deadline::{Arrival, deadline};
 use crate::error::{ServerError, StartError};
 use crate::observe;
 use crate::pool::QueryPool;
-use crate::state::writer::Writer;
 use kv_common::DoublingLog;
 use kv_indexer_proto::convert;
 use kv_indexer_proto::prefix_wire::{self, EncodedPrefixResponse, PrefixMatchRef};
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
+use kv_state::cell::{self, IndexCell};
+use kv_state::error::ChangeError;
+use kv_state::fleet::Freshness;
+use kv_state::writer::Writer;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
-
-/// The index, shared by the service (readers) and the writer thread (the one writer).
-pub type IndexCell = Arc<RwLock<Index>>;
 
 /// State shared by every connection.
 pub struct Shared {
@@ -67,7 +66,7 @@ pub struct Shared {
     connection_limits: ConnectionLimits,
     drain_timeout: Duration,
     /// A fleet replica's freshness (none: a single server).
-    fleet: std::sync::OnceLock<Arc<crate::state::fleet::Freshness>>,
+    fleet: std::sync::OnceLock<Arc<Freshness>>,
     /// Where prefix scans run.
     pool: QueryPool,
 }
@@ -81,7 +80,7 @@ impl Shared {
             access: config.access.clone(),
             connection_limits: config.connections,
             drain_timeout: config.drain_timeout,
-            index: Arc::new(RwLock::new(Index::new())),
+            index: cell::empty(),
             writer: std::sync::OnceLock::new(),
             health: HealthReporter::new(),
             health_update: tokio::sync::Mutex::new(()),
@@ -100,24 +99,21 @@ impl Shared {
         self.index.clone()
     }
 
-    /// Installs the recovered (or empty) index and the writer that changes it from now on:
-    /// the server is ready. Called once.
-    pub fn install(&self, index: Option<Index>, writer: Writer) {
-        if let Some(index) = index {
-            *self.index.write() = index;
-        }
+    /// Installs the writer that changes the index from now on (the state opened over
+    /// [`Shared::index_cell`]): the server is ready. Called once.
+    pub fn install(&self, writer: Writer) {
         if self.writer.set(writer).is_err() {
             warn!("the index was installed twice; keeping the first writer");
         }
     }
 
     /// Marks this server as a replica on a shared log, with its freshness.
-    pub fn install_fleet(&self, freshness: Arc<crate::state::fleet::Freshness>) {
+    pub fn install_fleet(&self, freshness: Arc<Freshness>) {
         let _ = self.fleet.set(freshness);
     }
 
     /// A replica's freshness (none: a single server).
-    pub fn freshness(&self) -> Option<&Arc<crate::state::fleet::Freshness>> {
+    pub fn freshness(&self) -> Option<&Arc<Freshness>> {
         self.fleet.get()
     }
 
@@ -131,14 +127,14 @@ impl Shared {
     pub fn check_fresh(&self) -> Result<(), ServerError> {
         self.writer()?;
         match self.fleet.get() {
-            Some(freshness) => freshness.check(),
+            Some(freshness) => Ok(freshness.check()?),
             None => Ok(()),
         }
     }
 
     /// The writer, once ready.
     pub fn writer(&self) -> Result<&Writer, ServerError> {
-        self.writer.get().ok_or(ServerError::NotReady)
+        self.writer.get().ok_or(ChangeError::NotReady.into())
     }
 
     /// The health reporter every listener serves (`grpc.health.v1`).
@@ -167,7 +163,7 @@ impl Shared {
     /// A SHA-256 of everything the index holds, in a canonical order (hex): two indexes that
     /// answer every query alike have the same digest, whatever their layout.
     pub fn digest(&self) -> String {
-        crate::state::digest(self.export())
+        kv_state::digest::digest(self.export())
     }
 
     /// Who may connect and call: the configured TLS and tokens.
@@ -291,28 +287,6 @@ impl Shared {
     }
 }
 
-/// Aborts the process when dropped by a panic's unwinding: held while the index is being
-/// changed, where an unwinding panic would release the write lock over a half-applied index
-/// that every later query would be served from. Aborting instead leaves recovery to a restart
-/// (with the bridges' resync, the index then under-claims, never over-claims).
-pub struct AbortOnPanic(pub &'static str);
-
-impl Drop for AbortOnPanic {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            tracing::error!(
-                during = self.0,
-                "panic while the index was half-changed: aborting rather than serving it"
-            );
-            eprintln!(
-                "kv-indexer-server: panic while {}: aborting rather than serving a half-changed index",
-                self.0
-            );
-            std::process::abort();
-        }
-    }
-}
-
 /// A prefix query's admission permit, taken when its request arrived; released when dropped.
 #[derive(Debug, Clone)]
 pub struct Admission(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
@@ -335,7 +309,7 @@ impl IndexerService {
         // A replica still catching up would hold the apply until it reached it: refuse, so
         // the bridge goes to a replica that serves.
         if !self.shared.is_ready() {
-            return Err(ServerError::NotReady);
+            return Err(ChangeError::NotReady.into());
         }
         self.shared.writer()?.apply(request).await?;
         Ok(pb::ApplyExternalKvBatchResponse {})
@@ -509,63 +483,6 @@ impl std::fmt::Debug for Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Set in the child process of `a_panic_while_changing_the_index_aborts`.
-    const CHILD: &str = "KV_SERVER_TEST_PANIC_CHILD";
-
-    #[test]
-    fn a_panic_while_changing_the_index_aborts() {
-        if std::env::var_os(CHILD).is_some() {
-            let _abort = AbortOnPanic("a test apply");
-            panic!("a bug inside an apply");
-        }
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "service::tests::a_panic_while_changing_the_index_aborts",
-            ])
-            .args(["--nocapture", "--test-threads=1"])
-            .env(CHILD, "1")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(output.status.signal(), Some(6), "not aborted: {stderr}");
-        assert!(stderr.contains("aborting rather than serving"), "{stderr}");
-    }
-
-    #[test]
-    fn the_guard_does_nothing_without_a_panic() {
-        let guard = AbortOnPanic("a test apply");
-        drop(guard);
-    }
-
-    #[tokio::test]
-    #[allow(clippy::await_holding_lock)] // holding the write lock over the await is the case
-    async fn a_prefix_scan_waits_for_the_index_on_a_query_thread() {
-        let shared = crate::server::shared(&Config {
-            query_threads: 1,
-            ..Config::default()
-        });
-        let service = IndexerService::new(shared.clone());
-        let held = shared.lock_index();
-        let query = tokio::spawn(async move {
-            let request = Request::new(pb::MatchExternalKvPrefixRequest {
-                hashes: vec![1],
-                max_blocks: 0,
-                max_matches: None,
-            });
-            service.match_external_kv_prefix(request).await
-        });
-        // The test runtime has one thread: this runs again only if the scan waits elsewhere.
-        tokio::task::yield_now().await;
-        assert_eq!(shared.prefix_queries_in_flight(), 1);
-        assert!(!query.is_finished());
-        drop(held);
-        let answer = query.await.unwrap().unwrap().into_inner();
-        assert_eq!(answer.best_prefix_blocks, 0);
-        assert_eq!(shared.prefix_scans(), 1);
-    }
 
     #[tokio::test]
     #[allow(clippy::await_holding_lock)] // holding the write lock over the await is the case

@@ -13,8 +13,9 @@ use kv_indexer_proto::convert;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use kv_server::service::Shared;
-use kv_server::state::writer::SyncPolicy;
-use kv_server::{Config, server, state};
+use kv_server::{Config, boot, server};
+use kv_state::error::StateError;
+use kv_state::settings::SyncPolicy;
 use proptest::prelude::*;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -48,8 +49,11 @@ fn crash_image(dir: &Path, name: &str) -> PathBuf {
 
 fn config(dir: &Path) -> Config {
     Config {
-        state_dir: Some(dir.to_path_buf()),
-        snapshot_interval: None,
+        state: kv_state::settings::Settings {
+            dir: Some(dir.to_path_buf()),
+            snapshot_interval: None,
+            ..Default::default()
+        },
         ..Config::default()
     }
 }
@@ -63,7 +67,7 @@ struct Durable {
 }
 
 impl Durable {
-    async fn start(config: Config) -> Result<Durable, state::StateError> {
+    async fn start(config: Config) -> Result<Durable, StateError> {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared::new(&config).unwrap());
@@ -73,7 +77,7 @@ impl Durable {
             shared.clone(),
             stop.clone().cancelled_owned(),
         ));
-        if let Err(error) = state::boot(&shared, &config).await {
+        if let Err(error) = boot::boot(&shared, &config).await {
             stop.cancel();
             return Err(error);
         }
@@ -231,7 +235,7 @@ async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
     for sync in [SyncPolicy::Always, SyncPolicy::Batch, SyncPolicy::Off] {
         let dir = temp_dir("snapshot");
         let mut config = config(&dir);
-        config.writer.sync = sync;
+        config.state.sync = sync;
         let mut server = Durable::start(config.clone()).await.unwrap();
         some_history(&mut server).await;
         let position = server.snapshot().await;
@@ -257,7 +261,7 @@ async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
 
 fn state_config(dir: &Path, sync: SyncPolicy) -> Config {
     let mut config = config(dir);
-    config.writer.sync = sync;
+    config.state.sync = sync;
     config
 }
 
@@ -304,7 +308,7 @@ async fn answers_unavailable_and_not_serving_until_the_state_is_loaded() {
         .await
         .unwrap_err();
     assert_eq!(applied.code(), Code::Unavailable);
-    state::boot(&shared, &config).await.unwrap();
+    boot::boot(&shared, &config).await.unwrap();
     assert_eq!(
         status(health.check(check).await.unwrap().into_inner()),
         serving
@@ -356,7 +360,7 @@ async fn an_older_bridge_incarnation_is_fenced_and_changes_nothing_even_after_a_
 async fn a_silent_worker_expires_unless_every_worker_does() {
     let dir = temp_dir("ttl");
     let mut config = config(&dir);
-    config.writer.worker_ttl = Some(Duration::from_millis(1000));
+    config.state.worker_ttl = Some(Duration::from_millis(1000));
     let mut server = Durable::start(config.clone()).await.unwrap();
     server
         .apply(apply("alive", vec![action(REPORT, HBM, &[1, 2])]))
@@ -486,7 +490,7 @@ async fn the_discard_setting_moves_a_corrupt_state_aside_and_starts_empty() {
     bytes[40] ^= 0xff;
     std::fs::write(&snap, bytes).unwrap();
     let mut config = config(&dir);
-    config.discard_corrupt_state = true;
+    config.state.discard_corrupt = true;
     let server = Durable::start(config).await.unwrap();
     assert_eq!(server.shared.index_stats().placements, 0);
     let aside: Vec<_> = std::fs::read_dir(&dir)
@@ -583,7 +587,10 @@ async fn recovered_equals_acknowledged(steps: Vec<Step>) {
             }
         }
     }
-    assert_eq!(server.shared.digest(), state::digest(reference.export()));
+    assert_eq!(
+        server.shared.digest(),
+        kv_state::digest::digest(reference.export())
+    );
     server.stop().await;
 }
 

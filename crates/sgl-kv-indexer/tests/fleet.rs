@@ -14,10 +14,10 @@ use kv_index::Index;
 use kv_indexer_proto::convert;
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use kv_server::config::FleetConfig;
 use kv_server::service::Shared;
-use kv_server::state::stream::StreamConfig;
-use kv_server::{Config, server, state};
+use kv_server::{Config, boot, server};
+use kv_state::settings::FleetSettings;
+use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
 use proptest::prelude::*;
@@ -53,17 +53,19 @@ impl Default for Settings {
 }
 
 fn config(redis: &RedisServer, settings: Settings) -> Config {
-    let mut config = Config {
-        state_dir: settings.state_dir,
-        snapshot_interval: settings.snapshot_every,
-        fleet: Some(FleetConfig {
-            stream: StreamConfig::new(&redis.url(), "test:events", None).unwrap(),
-            max_lag: settings.max_lag,
-        }),
+    Config {
+        state: kv_state::settings::Settings {
+            dir: settings.state_dir,
+            snapshot_interval: settings.snapshot_every,
+            fleet: Some(FleetSettings {
+                stream: StreamConfig::new(&redis.url(), "test:events", None).unwrap(),
+                max_lag: settings.max_lag,
+            }),
+            worker_ttl: settings.worker_ttl,
+            ..Default::default()
+        },
         ..Config::default()
-    };
-    config.writer.worker_ttl = settings.worker_ttl;
-    config
+    }
 }
 
 /// One replica: a server on `127.0.0.1:0` joined to the shared log.
@@ -84,8 +86,8 @@ impl Replica {
             shared.clone(),
             stop.clone().cancelled_owned(),
         ));
-        state::boot(&shared, &config).await.unwrap();
-        state::spawn_maintenance(shared.clone(), &config, stop.clone());
+        boot::boot(&shared, &config).await.unwrap();
+        boot::spawn_maintenance(shared.clone(), &config, stop.clone());
         let channel = Channel::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
@@ -190,7 +192,7 @@ fn reference(applies: &[pb::ApplyExternalKvBatchRequest]) -> String {
         let valid = convert::apply_request(request.clone()).validate().unwrap();
         index.apply(&valid);
     }
-    state::digest(index.export())
+    kv_state::digest::digest(index.export())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -389,9 +391,9 @@ async fn entries_lost_and_refilled_by_others_make_a_replica_start_over() {
         let _: String = add.query(&mut connection).unwrap();
     }
     let other = report("w-other", &[42]);
-    let record = kv_server::state::record::Record {
+    let record = kv_state::record::Record {
         time_ms: 1,
-        change: kv_server::state::record::Change::Apply(other.clone()),
+        change: kv_state::record::Change::Apply(other.clone()),
     };
     let _: String = redis::cmd("XADD")
         .arg("test:events")

@@ -9,7 +9,7 @@ use clap::Parser;
 use kv_common::signal;
 use kv_common::telemetry::{self, Page};
 use kv_server::service::Shared;
-use kv_server::{Args, Config, observe, server, state};
+use kv_server::{Args, Config, boot, observe, server};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -57,12 +57,12 @@ async fn main() -> anyhow::Result<()> {
         shared.clone(),
         stop.clone().cancelled_owned(),
     ));
-    let booted = state::boot(&shared, &config).await;
+    let booted = boot::boot(&shared, &config).await;
     if let Err(error) = booted {
         stop.cancel();
         return Err(error).context("recovering KV_INDEXER_STATE_DIR");
     }
-    state::spawn_maintenance(shared.clone(), &config, stop.clone());
+    boot::spawn_maintenance(shared.clone(), &config, stop.clone());
 
     let result = serving.await.context("the server task")?;
     stop.cancel();

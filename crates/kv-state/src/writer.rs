@@ -10,59 +10,38 @@
 //! Sync policies (`KV_INDEXER_LOG_SYNC`): `always` answers after an fdatasync that covers the
 //! record (the records that arrived meanwhile share it); `batch` answers after the write (the
 //! record survives a crash of the process) and a syncer thread runs fdatasync within
-//! [`BATCH_SYNC_BOUND`] of it (a machine crash loses at most that much); `off` never syncs
+//! [`crate::durable::BATCH_SYNC_BOUND`] of it (a machine crash loses at most that much); `off` never syncs
 //! between snapshots.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use kv_index::{IndexStats, NodeMatch, ValidApply};
 use kv_indexer_proto::convert;
 use kv_indexer_proto::v1 as pb;
-use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
-use tracing::{error, info, warn};
+use tracing::{error, warn};
 
-use super::dir::StateDir;
-use super::log::{EventLog, FileLog};
-use super::record::{Change, Record};
-use super::{
-    Applied, Meta, StateError, apply_record, apply_valid, fence, rebuild, snapshot, worker_meta,
-};
-use crate::error::ServerError;
-use crate::service::{AbortOnPanic, IndexCell};
+use crate::apply::{Applied, apply_record, apply_valid};
+use crate::cell::{AbortOnPanic, IndexCell};
+use crate::clock::now_ms;
+use crate::durable::{Durable, build_snapshot, write_snapshot};
+use crate::error::{ChangeError, StateError};
+use crate::log::EventLog;
+use crate::meta::{Meta, due_for_expiry, fence, worker_meta};
+use crate::record::{Change, Record};
 
-/// The longest a `batch`-synced record waits for its fdatasync.
-pub const BATCH_SYNC_BOUND: Duration = Duration::from_millis(5);
 /// Jobs queued for the writer before senders wait.
 const QUEUE: usize = 4096;
 /// Jobs taken as one group at most.
 const GROUP: usize = 512;
 
-/// How the log is made durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SyncPolicy {
-    Always,
-    Batch,
-    Off,
-}
-
-/// The writer's settings.
-#[derive(Debug, Clone)]
-pub struct WriterConfig {
-    pub sync: SyncPolicy,
-    /// A worker with no apply for this long is expired (`None`: never).
-    pub worker_ttl: Option<Duration>,
-}
-
 /// What the server sends the writer.
-pub(super) enum Job {
+pub(crate) enum Job {
     Apply(PendingApply),
     CountHits {
         hashes: Vec<i64>,
-        reply: oneshot::Sender<Result<Vec<NodeMatch>, ServerError>>,
+        reply: oneshot::Sender<Result<Vec<NodeMatch>, ChangeError>>,
     },
     Sweep,
     Snapshot,
@@ -94,12 +73,13 @@ impl std::fmt::Debug for Job {
 
 impl Writer {
     /// Starts the writer thread over `index`; `durable` is the state directory and
-    /// its log (none: in memory), `meta` the workers' fencing and liveness state.
+    /// its log (none: in memory), `meta` the workers' fencing and liveness state, `worker_ttl`
+    /// the silence after which a worker is expired.
     pub fn start(
         index: IndexCell,
         durable: Option<Durable>,
         meta: Meta,
-        config: WriterConfig,
+        worker_ttl: Option<Duration>,
     ) -> std::io::Result<Writer> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let logged = durable.is_some();
@@ -107,7 +87,7 @@ impl Writer {
             index,
             meta,
             durable,
-            config,
+            worker_ttl,
             failed: None,
             guard_trips: 0,
         };
@@ -119,7 +99,7 @@ impl Writer {
 
     /// A writer whose jobs `run` takes from the queue on a thread of its own (a fleet's
     /// appender); changes are logged.
-    pub(super) fn start_with(
+    pub(crate) fn start_with(
         name: &str,
         run: impl FnOnce(mpsc::Receiver<Job>) + Send + 'static,
     ) -> std::io::Result<Writer> {
@@ -135,7 +115,7 @@ impl Writer {
     pub async fn apply(
         &self,
         request: pb::ApplyExternalKvBatchRequest,
-    ) -> Result<IndexStats, ServerError> {
+    ) -> Result<IndexStats, ChangeError> {
         let time_ms = now_ms();
         let incarnation = request.bridge_incarnation;
         let bytes = self.logged.then(|| Record::encode_apply(time_ms, &request));
@@ -149,14 +129,14 @@ impl Writer {
             reply,
         }))
         .await?;
-        answer.await.map_err(|_| ServerError::WriterGone)?
+        answer.await.map_err(|_| ChangeError::WriterGone)?
     }
 
     /// Logs and counts a hit-counting match, answering the match.
-    pub async fn count_hits(&self, hashes: Vec<i64>) -> Result<Vec<NodeMatch>, ServerError> {
+    pub async fn count_hits(&self, hashes: Vec<i64>) -> Result<Vec<NodeMatch>, ChangeError> {
         let (reply, answer) = oneshot::channel();
         self.send(Job::CountHits { hashes, reply }).await?;
-        answer.await.map_err(|_| ServerError::WriterGone)?
+        answer.await.map_err(|_| ChangeError::WriterGone)?
     }
 
     /// Asks for a liveness sweep (dropped when the writer is busy: the next tick retries).
@@ -171,12 +151,12 @@ impl Writer {
 
     /// Snapshots now (built in the background like a periodic one) and answers with its
     /// position once written: the state a crash from now on recovers from.
-    pub async fn snapshot_and_wait(&self) -> Result<u64, ServerError> {
+    pub async fn snapshot_and_wait(&self) -> Result<u64, ChangeError> {
         let (reply, done) = oneshot::channel();
         self.send(Job::SnapshotWait(reply)).await?;
         done.await
-            .map_err(|_| ServerError::WriterGone)?
-            .map_err(|error| ServerError::LogUnwritable(Arc::new(error)))
+            .map_err(|_| ChangeError::WriterGone)?
+            .map_err(|error| ChangeError::LogUnwritable(Arc::new(error)))
     }
 
     /// Applies what is queued, writes the final snapshot and stops the writer.
@@ -188,17 +168,17 @@ impl Writer {
         done.await.unwrap_or(Ok(()))
     }
 
-    async fn send(&self, job: Job) -> Result<(), ServerError> {
+    async fn send(&self, job: Job) -> Result<(), ChangeError> {
         self.jobs
             .send(job)
             .await
-            .map_err(|_| ServerError::WriterGone)
+            .map_err(|_| ChangeError::WriterGone)
     }
 }
 
 /// Waits for a job and takes it with what is queued behind it (at most [`GROUP`]); none once
 /// every sender is gone.
-pub(super) fn next_group(queue: &mut mpsc::Receiver<Job>) -> Option<Vec<Job>> {
+pub(crate) fn next_group(queue: &mut mpsc::Receiver<Job>) -> Option<Vec<Job>> {
     let mut group = vec![queue.blocking_recv()?];
     while group.len() < GROUP {
         match queue.try_recv() {
@@ -209,123 +189,14 @@ pub(super) fn next_group(queue: &mut mpsc::Receiver<Job>) -> Option<Vec<Job>> {
     Some(group)
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// The log, its directory and the snapshot in progress.
-pub struct Durable {
-    dir: StateDir,
-    log: FileLog,
-    policy: SyncPolicy,
-    syncer: Option<Syncer>,
-    /// The newest snapshot's position.
-    snapshot_position: u64,
-    building: Option<std::thread::JoinHandle<Result<Built, StateError>>>,
-}
-
-struct Built {
-    position: u64,
-    bytes: u64,
-    took: Duration,
-}
-
-impl Durable {
-    /// The recovered log of `dir`, whose newest snapshot is at `snapshot_position`.
-    pub fn new(dir: StateDir, log: FileLog, snapshot_position: u64, policy: SyncPolicy) -> Durable {
-        let syncer = (policy == SyncPolicy::Batch).then(|| Syncer::start(dir.path().to_path_buf()));
-        Durable {
-            dir,
-            log,
-            policy,
-            syncer,
-            snapshot_position,
-            building: None,
-        }
-    }
-
-    /// Appends a group and makes it as durable as the policy says.
-    fn append(&mut self, records: &[Vec<u8>]) -> Result<(), StateError> {
-        self.log.append(records)?;
-        match self.policy {
-            SyncPolicy::Always => self.log.sync()?,
-            SyncPolicy::Batch => {
-                if let Some(syncer) = &self.syncer {
-                    syncer.due(&self.log)?;
-                }
-            }
-            SyncPolicy::Off => {}
-        }
-        Ok(())
-    }
-}
-
-/// Runs fdatasync on the log within [`BATCH_SYNC_BOUND`] of a write, off the writer thread.
-struct Syncer {
-    shared: Arc<SyncState>,
-}
-
-struct SyncState {
-    file: Mutex<Option<std::fs::File>>,
-    dirty: AtomicBool,
-}
-
-impl Syncer {
-    fn start(dir: PathBuf) -> Syncer {
-        let shared = Arc::new(SyncState {
-            file: Mutex::new(None),
-            dirty: AtomicBool::new(false),
-        });
-        let state = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("kv-indexer-sync".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(BATCH_SYNC_BOUND);
-                    if Arc::strong_count(&state) == 1 {
-                        return;
-                    }
-                    if state.dirty.swap(false, Ordering::AcqRel)
-                        && let Some(file) = state.file.lock().as_ref()
-                        && let Err(error) = file.sync_data()
-                    {
-                        error!(%error, dir = %dir.display(), "fdatasync of the log failed");
-                    }
-                }
-            });
-        if let Err(error) = spawned {
-            warn!(%error, "no syncer thread: the log is synced at snapshots only");
-        }
-        Syncer { shared }
-    }
-
-    /// Marks the log's current segment as needing a sync.
-    fn due(&self, log: &FileLog) -> Result<(), StateError> {
-        let mut file = self.shared.file.lock();
-        if file.is_none() {
-            *file = Some(log.segment_file()?);
-        }
-        self.shared.dirty.store(true, Ordering::Release);
-        Ok(())
-    }
-
-    /// Forgets the segment (after a rotation).
-    fn rotated(&self) {
-        *self.shared.file.lock() = None;
-    }
-}
-
 /// An apply on its way to the log: validated, with its record encoded by the caller.
-pub(super) struct PendingApply {
+pub(crate) struct PendingApply {
     /// The record's bytes (none without a log).
-    pub(super) bytes: Option<Vec<u8>>,
-    pub(super) valid: ValidApply,
-    pub(super) incarnation: Option<u64>,
-    pub(super) time_ms: u64,
-    pub(super) reply: oneshot::Sender<Result<IndexStats, ServerError>>,
+    pub(crate) bytes: Option<Vec<u8>>,
+    pub(crate) valid: ValidApply,
+    pub(crate) incarnation: Option<u64>,
+    pub(crate) time_ms: u64,
+    pub(crate) reply: oneshot::Sender<Result<IndexStats, ChangeError>>,
 }
 
 /// A change accepted for the log, waiting for the group's append.
@@ -333,7 +204,7 @@ enum Accepted {
     Apply(PendingApply),
     Other {
         record: Record,
-        reply: Option<oneshot::Sender<Result<Vec<NodeMatch>, ServerError>>>,
+        reply: Option<oneshot::Sender<Result<Vec<NodeMatch>, ChangeError>>>,
     },
 }
 
@@ -341,7 +212,8 @@ struct Thread {
     index: IndexCell,
     meta: Meta,
     durable: Option<Durable>,
-    config: WriterConfig,
+    /// A worker with no apply for this long is expired (`None`: never).
+    worker_ttl: Option<Duration>,
     /// Set when the log could not be written: later changes are refused.
     failed: Option<Arc<StateError>>,
     guard_trips: u64,
@@ -426,7 +298,7 @@ impl Thread {
         let mut accepted = accepted;
         if let Err(reason) = self.append(&mut accepted) {
             for change in accepted {
-                change.refuse(ServerError::LogUnwritable(reason.clone()));
+                change.refuse(ChangeError::LogUnwritable(reason.clone()));
             }
             return;
         }
@@ -493,15 +365,14 @@ impl Thread {
 
     /// Expires the workers whose TTL ran out, unless that would be every live worker.
     fn sweep(&mut self) {
-        let Some(ttl) = self.config.worker_ttl else {
+        let Some(ttl) = self.worker_ttl else {
             return;
         };
         let now = now_ms();
-        let expired: Vec<String> =
-            super::due_for_expiry(&self.meta, ttl, now, &mut self.guard_trips)
-                .into_iter()
-                .map(|(worker, _)| worker)
-                .collect();
+        let expired: Vec<String> = due_for_expiry(&self.meta, ttl, now, &mut self.guard_trips)
+            .into_iter()
+            .map(|(worker, _)| worker)
+            .collect();
         if expired.is_empty() {
             return;
         }
@@ -597,7 +468,7 @@ impl Thread {
 }
 
 impl Accepted {
-    fn refuse(self, error: ServerError) {
+    fn refuse(self, error: ChangeError) {
         match self {
             Accepted::Apply(apply) => {
                 let _ = apply.reply.send(Err(error));
@@ -610,84 +481,4 @@ impl Accepted {
             Accepted::Other { reply: None, .. } => {}
         }
     }
-}
-
-impl Durable {
-    fn rotate(&mut self) -> Result<(), StateError> {
-        self.log.rotate()?;
-        if let Some(syncer) = &self.syncer {
-            syncer.rotated();
-        }
-        Ok(())
-    }
-
-    /// Takes a finished snapshot build's result.
-    fn note_built(&mut self, building: std::thread::JoinHandle<Result<Built, StateError>>) {
-        match building.join() {
-            Ok(Ok(built)) => {
-                if let Err(error) = self.retire(&built) {
-                    warn!(error = %kv_common::error_chain(&error), "cannot trim the log below the snapshot");
-                }
-            }
-            Ok(Err(error)) => {
-                warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
-            }
-            Err(_) => warn!("the snapshot thread panicked"),
-        }
-    }
-
-    /// Records a written snapshot, deletes older snapshots and the log segments it covers.
-    fn retire(&mut self, built: &Built) -> Result<(), StateError> {
-        self.snapshot_position = built.position;
-        crate::observe::snapshot_written(built.bytes, built.took);
-        info!(
-            position = built.position,
-            bytes = built.bytes,
-            took_ms = built.took.as_millis() as u64,
-            "snapshot written"
-        );
-        for (position, path) in snapshot::list(self.dir.path())? {
-            if position < built.position {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-        self.log.trim_before(built.position)?;
-        Ok(())
-    }
-}
-
-/// Builds the snapshot at `to` from the one at `from` (or nothing) and the records between.
-fn build_snapshot(dir: &std::path::Path, from: u64, to: u64) -> Result<Built, StateError> {
-    let start = Instant::now();
-    let base = snapshot::path(dir, from);
-    if from > 0 && !base.exists() {
-        return Err(StateError::Log(super::log::LogError::Corrupt {
-            path: base,
-            offset: 0,
-            what: "the snapshot to build on is gone".into(),
-        }));
-    }
-    let (index, meta, _, _) = rebuild(dir, (from > 0).then_some(base.as_path()), Some(to))?;
-    write_snapshot(dir, to, index.export(), meta, start)
-}
-
-/// Writes the snapshot of `export` and `meta` at `position`; `start` is when it was begun.
-fn write_snapshot(
-    dir: &std::path::Path,
-    position: u64,
-    export: kv_index::Export,
-    meta: Meta,
-    start: Instant,
-) -> Result<Built, StateError> {
-    let contents = snapshot::Contents {
-        position,
-        export,
-        meta,
-    };
-    let bytes = snapshot::write(dir, &contents)?;
-    Ok(Built {
-        position,
-        bytes,
-        took: start.elapsed(),
-    })
 }

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use kv_index::{CacheSpec, Export, ExportedWorker, Held};
 
-use super::WorkerMeta;
-use super::log::{LogError, sync_dir};
+use crate::log::{LogError, sync_dir};
+use crate::meta::WorkerMeta;
 
 const MAGIC: &[u8; 8] = b"SGLKVSNP";
 /// The snapshot format this server writes and reads.
@@ -31,7 +31,7 @@ pub struct Contents {
 
 /// The snapshot files in `dir`, oldest first, as (position, path).
 pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
-    super::log::numbered_files(dir, "snapshot-", ".snap")
+    crate::log::numbered_files(dir, "snapshot-", ".snap")
 }
 
 pub fn path(dir: &Path, position: u64) -> PathBuf {
@@ -97,7 +97,7 @@ pub fn from_bytes(origin: &Path, bytes: &[u8]) -> Result<Contents, LogError> {
         offset: offset as u64,
         what: what.to_string(),
     };
-    super::log::check_magic_and_version(path, bytes, MAGIC, VERSION, "snapshot")?;
+    crate::log::check_magic_and_version(path, bytes, MAGIC, VERSION, "snapshot")?;
     if bytes.len() < HEADER_LEN {
         return Err(corrupt(0, "a snapshot header cut short"));
     }

@@ -1,0 +1,56 @@
+//! Bringing the server to ready: the state beneath is opened off the async worker threads
+//! (recovery may take a while; the listeners answer NOT_SERVING and UNAVAILABLE meanwhile), its
+//! writer installed, and health kept in step with a replica's freshness.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_state::error::StateError;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::service::Shared;
+
+/// Opens the state `config` names over the shared index and installs its writer; publishes
+/// SERVING when done (a replica: NOT_SERVING until it has caught up, see [`spawn_maintenance`]).
+pub async fn boot(shared: &Arc<Shared>, config: &Config) -> Result<(), StateError> {
+    let cell = shared.index_cell();
+    let settings = config.state.clone();
+    let opened = tokio::task::spawn_blocking(move || kv_state::open::open(&cell, &settings))
+        .await
+        .map_err(|error| StateError::Thread(std::io::Error::other(error)))??;
+    if let Some(freshness) = opened.freshness {
+        shared.install_fleet(freshness);
+    }
+    shared.install(opened.writer);
+    shared.publish_health().await;
+    Ok(())
+}
+
+/// Starts the state's periodic jobs and, for a replica, the health watch, until `stop`.
+pub fn spawn_maintenance(shared: Arc<Shared>, config: &Config, stop: CancellationToken) {
+    if let Ok(writer) = shared.writer() {
+        kv_state::open::spawn_ticks(writer.clone(), &config.state, stop.clone());
+    }
+    if config.state.fleet.is_some() {
+        tokio::spawn(watch_health(shared, stop));
+    }
+}
+
+/// A replica's readiness and freshness change on its applier's thread: publishes health when
+/// they do (checked every 100 ms).
+async fn watch_health(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut serving = None;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = shared.check_fresh().is_ok();
+        if serving != Some(now) {
+            serving = Some(now);
+            shared.publish_health().await;
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The state's errors: why it could not be loaded or kept ([`StateError`]), and why one change
+//! or read was refused ([`ChangeError`]). The server maps both to gRPC codes in its one place.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kv_index::ValidationError;
+
+use crate::dir::DirError;
+use crate::log::LogError;
+use crate::record::RecordError;
+use crate::stream::StreamError;
+
+/// Why the state could not be loaded or kept.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("{path:?}: record {position} does not decode")]
+    Record {
+        path: PathBuf,
+        position: u64,
+        #[source]
+        source: RecordError,
+    },
+    #[error("{path:?}: record {position} does not apply")]
+    Invalid {
+        path: PathBuf,
+        position: u64,
+        #[source]
+        source: ChangeError,
+    },
+    #[error(transparent)]
+    Dir(#[from] DirError),
+    #[error("starting a state thread")]
+    Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Fleet(Arc<StreamError>),
+}
+
+impl StateError {
+    /// Whether the files themselves are bad (the operator may choose to start empty).
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            StateError::Log(
+                LogError::Corrupt { .. } | LogError::NewerVersion { .. } | LogError::Gap { .. }
+            ) | StateError::Record { .. }
+                | StateError::Invalid { .. }
+        )
+    }
+}
+
+/// Why a change (an apply, a hit-counting match) or a read of the state was refused. Each
+/// leaves the index as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error(
+        "worker {worker_id}: this bridge's incarnation {incarnation} is older than {newest}, which another bridge for the worker sent: this bridge is fenced"
+    )]
+    Fenced {
+        worker_id: String,
+        incarnation: u64,
+        newest: u64,
+    },
+    #[error(
+        "the index is still being recovered (from KV_INDEXER_STATE_DIR or the shared log); retry shortly"
+    )]
+    NotReady,
+    #[error(
+        "this replica is {lag_ms} ms behind the shared log (KV_INDEXER_MAX_LAG_MS {max_ms}); try another replica"
+    )]
+    Stale { lag_ms: u64, max_ms: u64 },
+    #[error("the shared log cannot be written; retry")]
+    EventLog(#[source] Arc<StreamError>),
+    #[error("the shared log lost this change before it was applied (the engine lost data); retry")]
+    LogReset,
+    #[error("the server is stopping")]
+    WriterGone,
+    #[error("the log cannot be written; changes are refused until the server restarts")]
+    LogUnwritable(#[source] Arc<StateError>),
+}

@@ -1,0 +1,239 @@
+//! The applier: reads the shared stream (`XREAD BLOCK` from its position: no consumer group,
+//! every replica needs every entry) and applies every entry in order, fencing in log order so
+//! that every replica decides alike, and answers the jobs this replica appended. Each read
+//! overlaps the last entry applied, to notice a log that lost entries and refilled their
+//! positions. Its bootstrap and its upkeep are `bootstrap` and `maintenance`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use super::build::Base;
+use super::freshness::Freshness;
+use super::waiters::{Waiter, Waiters};
+use crate::apply::apply_record;
+use crate::cell::{AbortOnPanic, IndexCell};
+use crate::clock::now_ms;
+use crate::dir::StateDir;
+use crate::error::{ChangeError, StateError};
+use crate::meta::Meta;
+use crate::record::Record;
+use crate::stream::{Entry, READ_BLOCK, Stream, StreamConfig, StreamError};
+
+/// Entries one read takes at most.
+const READ_COUNT: usize = 1024;
+/// The longest wait between attempts to reach the engine: a Redis back from a restart is
+/// found within this.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+/// How often the applier checks the log's identity and the lease.
+const UPKEEP: Duration = Duration::from_secs(1);
+
+/// The thread that applies the stream.
+pub(super) struct Applier {
+    pub(super) config: StreamConfig,
+    pub(super) replica: String,
+    pub(super) index: IndexCell,
+    pub(super) meta: Meta,
+    /// The next position to apply.
+    pub(super) next: u64,
+    /// Ready once `next` reaches this (the tail as of the bootstrap); none: not bootstrapped.
+    pub(super) ready_at: Option<u64>,
+    /// The origin of the entry last applied (at `next - 1`), checked on every read.
+    pub(super) last_origin: Option<String>,
+    /// Bumped at every bootstrap: a snapshot built before one is thrown away.
+    pub(super) generation: u64,
+    /// When this replica last became ready.
+    pub(super) ready_since: Instant,
+    /// Expiry records this replica appended (their origins are `<replica>:x<n>`).
+    pub(super) expiries: u64,
+    pub(super) epoch: Option<String>,
+    pub(super) stream: Option<Stream>,
+    pub(super) waiters: Waiters,
+    pub(super) freshness: Arc<Freshness>,
+    pub(super) dir: Option<StateDir>,
+    pub(super) worker_ttl: Option<Duration>,
+    pub(super) snapshot_interval: Option<Duration>,
+    pub(super) base: Option<Base>,
+    pub(super) building: Option<JoinHandle<Result<(u64, Base), StateError>>>,
+    pub(super) last_snapshot: Instant,
+    pub(super) last_upkeep: Option<Instant>,
+    pub(super) last_sweep: Instant,
+    pub(super) lease: bool,
+    pub(super) guard_trips: u64,
+    /// Entries that did not decode or apply (every replica skips the same ones).
+    pub(super) skipped: u64,
+    pub(super) stop: Arc<AtomicBool>,
+}
+
+/// Why the applier starts over.
+pub(super) enum Restart {
+    /// The engine failed; retry from the same position.
+    Engine(StreamError),
+    /// The log no longer explains the index: bootstrap again.
+    Rebootstrap(String),
+}
+
+impl From<StreamError> for Restart {
+    fn from(error: StreamError) -> Restart {
+        Restart::Engine(error)
+    }
+}
+
+impl Applier {
+    pub(super) fn run(mut self) -> Applier {
+        let mut backoff = Duration::from_millis(50);
+        while !self.stop.load(Ordering::Acquire) {
+            match self.step() {
+                Ok(()) => backoff = Duration::from_millis(50),
+                Err(Restart::Engine(error)) => {
+                    self.stream = None;
+                    self.lease = false;
+                    warn!(error = %kv_common::error_chain(&error), lag_ms = self.freshness.lag_ms(), "the shared log is unreachable: answering from memory until it returns");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Err(Restart::Rebootstrap(why)) => {
+                    error!(
+                        reason = why,
+                        position = self.next,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "the shared log no longer explains this replica's index: bootstrapping again"
+                    );
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    crate::observe::fleet_rebootstraps();
+                    self.freshness.ready.store(false, Ordering::Release);
+                    self.ready_at = None;
+                    self.epoch = None;
+                    self.base = None;
+                    let pending: Vec<Waiter> =
+                        self.waiters.lock().drain().map(|(_, w)| w).collect();
+                    for waiter in pending {
+                        waiter.refuse(ChangeError::LogReset);
+                    }
+                }
+            }
+        }
+        self
+    }
+
+    /// One read and what follows it.
+    fn step(&mut self) -> Result<(), Restart> {
+        if self.stream.is_none() {
+            self.stream = Some(self.config.connect()?);
+            // A reconnect may find another history: check at once.
+            self.last_upkeep = None;
+        }
+        if self.ready_at.is_none() {
+            self.bootstrap()?;
+        }
+        if self.last_upkeep.is_none_or(|at| at.elapsed() >= UPKEEP) {
+            self.upkeep()?;
+            self.last_upkeep = Some(Instant::now());
+        }
+        let stream = self.stream.as_mut().expect("connected above");
+        // One entry of overlap: the last one applied must still be there, with the same
+        // origin, or the log lost it (a failover without persistence) and others refilled
+        // the position.
+        let overlap = self.last_origin.is_some() && self.next > 0;
+        let from = self.next - u64::from(overlap);
+        let mut entries = stream.read_from(from, READ_COUNT, Some(READ_BLOCK))?;
+        let read_at = now_ms();
+        if overlap && entries.first().is_some_and(|e| e.position == from) {
+            let seen = entries.remove(0);
+            if Some(&seen.origin) != self.last_origin.as_ref() {
+                return Err(Restart::Rebootstrap(format!(
+                    "the entry at position {from} is now {}'s, not {}'s: the engine lost entries and others took their places",
+                    seen.origin,
+                    self.last_origin.as_deref().unwrap_or("?")
+                )));
+            }
+        }
+        let count = entries.len() + usize::from(overlap);
+        for entry in entries {
+            if entry.position != self.next {
+                return Err(Restart::Rebootstrap(format!(
+                    "the stream jumps from position {} to {}: entries were trimmed before this replica applied them",
+                    self.next, entry.position
+                )));
+            }
+            self.apply(entry);
+        }
+        self.freshness.position.store(self.next, Ordering::Relaxed);
+        if count < READ_COUNT {
+            self.freshness.caught_up(read_at);
+        }
+        if let Some(ready_at) = self.ready_at
+            && self.next >= ready_at
+            && !self.freshness.is_ready()
+        {
+            self.freshness.caught_up(read_at);
+            self.freshness.ready.store(true, Ordering::Release);
+            self.ready_since = Instant::now();
+            let stats = self.index.read().stats();
+            info!(
+                position = self.next,
+                placements = stats.placements,
+                workers = stats.workers,
+                "caught up with the shared log: serving"
+            );
+        }
+        Ok(())
+    }
+
+    /// Applies one entry and answers its job, if this replica accepted it.
+    fn apply(&mut self, entry: Entry) {
+        let result = Record::decode(&entry.record)
+            .map_err(|error| format!("does not decode: {error}"))
+            .map(|record| {
+                let mut index = self.index.write();
+                let abort = AbortOnPanic("applying a shared-log entry");
+                let applied = apply_record(&mut index, &mut self.meta, &record);
+                drop(abort);
+                let stats = index.stats();
+                (applied, stats)
+            });
+        self.next = entry.position + 1;
+        self.last_origin = Some(entry.origin.clone());
+        let waiter = entry
+            .origin
+            .strip_prefix(self.replica.as_str())
+            .and_then(|rest| rest.strip_prefix(':'))
+            .and_then(|number| number.parse::<u64>().ok())
+            .and_then(|number| self.waiters.lock().remove(&number));
+        match result {
+            Ok((applied, stats)) => {
+                crate::observe::index_size(stats);
+                if let Err(error) = &applied
+                    && !matches!(error, ChangeError::Fenced { .. })
+                {
+                    self.skip(&entry, &error.to_string());
+                }
+                if let Some(waiter) = waiter {
+                    waiter.answer(applied, stats);
+                }
+            }
+            Err(why) => {
+                self.skip(&entry, &why);
+                if let Some(waiter) = waiter {
+                    waiter.refuse(ChangeError::LogReset);
+                }
+            }
+        }
+    }
+
+    fn skip(&mut self, entry: &Entry, why: &str) {
+        self.skipped += 1;
+        crate::observe::fleet_entry_skipped();
+        error!(
+            position = entry.position,
+            origin = entry.origin,
+            reason = why,
+            skipped = self.skipped,
+            "skipping a shared-log entry that does not apply (every replica skips it alike)"
+        );
+    }
+}

@@ -1,0 +1,174 @@
+//! A replica's upkeep, run by its applier about every second: it checks that the log still
+//! explains the index (the epoch, the tail), measures the lag, takes or gives up the fleet's
+//! maintenance lease, and under it expires silent workers (an `ExpireUnseen` record, so every
+//! replica expires alike); it starts snapshot builds (published by the lease holder, which
+//! trims the stream below them) and writes the last local snapshot at shutdown.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use super::applier::{Applier, Restart};
+use super::build::{Build, write_local};
+use crate::clock::now_ms;
+use crate::error::StateError;
+use crate::meta::due_for_expiry;
+use crate::record::{Change, Record};
+use crate::snapshot;
+
+impl Applier {
+    /// Checks that the log still explains the index, measures the lag, holds the lease and
+    /// runs what the lease holder runs.
+    pub(super) fn upkeep(&mut self) -> Result<(), Restart> {
+        let stream = self.stream.as_mut().expect("connected");
+        let epoch = stream.current_epoch()?;
+        if epoch != self.epoch {
+            return Err(Restart::Rebootstrap(format!(
+                "the stream's epoch is {epoch:?}, not {:?}: the engine lost the log",
+                self.epoch
+            )));
+        }
+        let bounds = stream.bounds()?;
+        let tail = bounds.map_or(0, |(_, last)| last + 1);
+        if tail < self.next {
+            return Err(Restart::Rebootstrap(format!(
+                "the stream ends at position {tail}, before this replica's {}: the engine lost entries",
+                self.next
+            )));
+        }
+        self.freshness
+            .behind
+            .store(tail - self.next, Ordering::Relaxed);
+        crate::observe::fleet_lag(self.freshness.lag_ms(), tail - self.next);
+        // Only a replica that serves holds the lease: one still catching up would stall the
+        // fleet's expiry, snapshots and trimming.
+        let ready = self.freshness.check().is_ok();
+        let held = match ready {
+            true => stream.hold_lease(&self.replica)?,
+            false => {
+                if self.lease {
+                    stream.release_lease(&self.replica)?;
+                }
+                false
+            }
+        };
+        if held != self.lease {
+            info!(
+                replica = self.replica,
+                held, "the fleet's maintenance lease changed hands"
+            );
+            self.lease = held;
+        }
+        if !self.freshness.is_ready() {
+            return Ok(());
+        }
+        if self.lease {
+            self.sweep()?;
+        }
+        self.maybe_snapshot();
+        Ok(())
+    }
+
+    /// Under the lease: appends the expiry of the workers whose TTL ran out.
+    fn sweep(&mut self) -> Result<(), Restart> {
+        let Some(ttl) = self.worker_ttl else {
+            return Ok(());
+        };
+        let every = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        // A grace of one TTL after this replica became ready: after the whole fleet was
+        // down, bridges get the time to send again before their workers look silent.
+        if self.last_sweep.elapsed() < every || self.ready_since.elapsed() < ttl {
+            return Ok(());
+        }
+        self.last_sweep = Instant::now();
+        let now = now_ms();
+        let expired = due_for_expiry(&self.meta, ttl, now, &mut self.guard_trips);
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let record = Record {
+            time_ms: now,
+            change: Change::ExpireUnseen(expired),
+        };
+        self.expiries += 1;
+        let origin = format!("{}:x{}", self.replica, self.expiries);
+        let stream = self.stream.as_mut().expect("connected");
+        stream.append(&[(origin, record.encode())])?;
+        Ok(())
+    }
+
+    /// Starts a background snapshot when one is due, and takes a finished one.
+    fn maybe_snapshot(&mut self) {
+        if let Some(building) = self.building.take() {
+            if !building.is_finished() {
+                self.building = Some(building);
+                return;
+            }
+            match building.join() {
+                Ok(Ok((generation, base))) if generation == self.generation => {
+                    self.base = Some(base)
+                }
+                // Built on a history this replica has since dropped.
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
+                }
+                Err(_) => warn!("the snapshot thread panicked"),
+            }
+        }
+        let Some(interval) = self.snapshot_interval else {
+            return;
+        };
+        let from = self.base.as_ref().map_or(0, |b| b.position);
+        let keeps = self.dir.is_some() || self.lease;
+        if !keeps || self.last_snapshot.elapsed() < interval || self.next == from {
+            return;
+        }
+        self.last_snapshot = Instant::now();
+        let job = Build {
+            config: self.config.clone(),
+            replica: self.replica.clone(),
+            epoch: self.epoch.clone().expect("bootstrapped"),
+            base: self.base.clone(),
+            to: self.next,
+            generation: self.generation,
+            dir: self.epoch.as_deref().and_then(|e| self.snapshot_dir(e)),
+            publish: self.lease,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("kv-indexer-snapshot".into())
+            .spawn(move || {
+                if let Err(error) = thread_priority::ThreadPriority::Min.set_for_current() {
+                    warn!(?error, "cannot lower the snapshot thread's priority");
+                }
+                job.run()
+            });
+        match spawned {
+            Ok(handle) => self.building = Some(handle),
+            Err(error) => warn!(%error, "cannot start the snapshot thread"),
+        }
+    }
+
+    /// At shutdown: a local snapshot of the index as applied (nothing changes it any more).
+    pub(super) fn final_snapshot(&mut self) -> Result<(), StateError> {
+        if let Some(building) = self.building.take() {
+            let _ = building.join();
+        }
+        let (Some(epoch), Some(_)) = (self.epoch.clone(), self.ready_at) else {
+            return Ok(());
+        };
+        let Some(dir) = self.snapshot_dir(&epoch) else {
+            return Ok(());
+        };
+        if self.base.as_ref().is_some_and(|b| b.position == self.next) {
+            return Ok(());
+        }
+        let contents = snapshot::Contents {
+            position: self.next,
+            export: self.index.read().export(),
+            meta: self.meta.clone(),
+        };
+        write_local(&dir, &contents.position, &snapshot::to_bytes(&contents))
+    }
+}

@@ -1,0 +1,67 @@
+//! The state's settings, as plain values: the server parses its flags into them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::stream::StreamConfig;
+
+/// How the local log is made durable (`KV_INDEXER_LOG_SYNC`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum SyncPolicy {
+    /// fdatasync before a change is answered.
+    Always,
+    /// Written before the answer, fdatasync within `writer::BATCH_SYNC_BOUND`.
+    Batch,
+    /// No fdatasync between snapshots.
+    Off,
+}
+
+/// Where the state lives and how it is kept.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The state directory (`None`: in memory, unless a shared log is set).
+    pub dir: Option<PathBuf>,
+    pub sync: SyncPolicy,
+    /// A worker with no apply for this long is expired (`None`: never).
+    pub worker_ttl: Option<Duration>,
+    /// Between periodic snapshots (`None`: only at shutdown).
+    pub snapshot_interval: Option<Duration>,
+    /// Start empty (files moved aside) rather than refuse a corrupt state directory.
+    pub discard_corrupt: bool,
+    /// A shared log: this state is one replica of a fleet.
+    pub fleet: Option<FleetSettings>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            dir: None,
+            sync: SyncPolicy::Batch,
+            worker_ttl: Some(Duration::from_secs(30)),
+            snapshot_interval: Some(Duration::from_secs(60)),
+            discard_corrupt: false,
+            fleet: None,
+        }
+    }
+}
+
+/// The shared log's settings.
+#[derive(Debug, Clone)]
+pub struct FleetSettings {
+    pub stream: StreamConfig,
+    /// Staler than this, a replica refuses queries (`ChangeError::Stale`).
+    pub max_lag: Duration,
+}
+
+impl Settings {
+    /// How often the liveness sweep runs: a quarter of the TTL, within 100 ms to 5 s.
+    pub fn sweep_interval(&self) -> Option<Duration> {
+        self.worker_ttl.map(sweep_interval)
+    }
+}
+
+/// The sweep interval for a worker TTL of `ttl`.
+pub fn sweep_interval(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
+}
