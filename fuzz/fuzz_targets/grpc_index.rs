@@ -96,6 +96,7 @@ fn apply_message(
         worker_id: WORKERS[usize::from(worker) % WORKERS.len()].into(),
         seq: u64::from(worker),
         bridge_incarnation: None,
+        bridge_batch: None,
         worker_address: match address % 3 {
             0 => String::new(),
             n => format!("http://worker-{n}:30000"),

@@ -40,6 +40,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use kv_events::frames::parse_live;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use zeromq::{SocketEvent, SocketRecv};
@@ -63,7 +64,8 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Result<(), BridgeError> {
     let outbox = Arc::new(Outbox::new(config.queue_batches));
-    let sender = Sender::new(&config, outbox.clone(), stats.clone())?;
+    let resync = Arc::new(Notify::new());
+    let sender = Sender::new(&config, outbox.clone(), stats.clone(), resync.clone())?;
     let sender_stop = stop.child_token();
     let mut sender_task = tokio::spawn(sender.run(sender_stop.clone()));
     let mut stream = Stream {
@@ -72,6 +74,7 @@ pub async fn run(
         stats,
         tracker: SeqTracker::default(),
         replayed: VecDeque::new(),
+        resync,
     };
     tokio::select! {
         joined = &mut sender_task => return joined.map_err(BridgeError::Task)?,
@@ -88,6 +91,8 @@ struct Stream {
     tracker: SeqTracker,
     /// `(seq, payload hash)` of recently replayed batches.
     replayed: VecDeque<(u64, u64)>,
+    /// Notified by the sender when the Indexer lost acknowledged batches of this worker.
+    resync: Arc<Notify>,
 }
 
 /// The next monitor event; pending forever once the monitor is closed.
@@ -139,10 +144,12 @@ impl Stream {
         stop: &CancellationToken,
     ) -> Followed {
         let mut failures = 0u32;
+        let resync = self.resync.clone();
         loop {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return Followed::Stopped,
+                () = resync.notified() => self.resync(ClearReason::IndexLost).await,
                 event = next_event(&mut subscription.monitor) => match event {
                     Some(SocketEvent::Disconnected(_)) => {
                         self.stats.reconnect();

@@ -32,6 +32,9 @@ pub enum ClearReason {
     Restart,
     /// The queue overflowed while the Indexer was away.
     Overflow,
+    /// The Indexer lost batches it had acknowledged (a rolled-back log or state directory)
+    /// and cleared the worker (it answered ABORTED).
+    IndexLost,
 }
 
 impl ClearReason {
@@ -42,6 +45,7 @@ impl ClearReason {
             ClearReason::Gap => "gap",
             ClearReason::Restart => "restart",
             ClearReason::Overflow => "overflow",
+            ClearReason::IndexLost => "index_lost",
         }
     }
 }

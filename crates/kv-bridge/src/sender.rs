@@ -9,6 +9,7 @@ use kv_index::Tier;
 use kv_indexer_client::security::Grpc;
 use kv_indexer_proto::convert::{WorkerHeader, apply_message};
 use kv_indexer_proto::v1 as pb;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::{info, warn};
@@ -82,6 +83,10 @@ pub struct Sender {
     stats: Arc<Stats>,
     heartbeat: Option<Duration>,
     last_seq: u64,
+    /// The number the next request gets (`bridge_batch`): 1, 2, 3, … in this incarnation.
+    next_batch: u64,
+    /// Told when the Indexer answers that it lost acknowledged batches: the stream re-syncs.
+    resync: Arc<Notify>,
 }
 
 impl Sender {
@@ -89,6 +94,7 @@ impl Sender {
         config: &BridgeConfig,
         outbox: Arc<Outbox>,
         stats: Arc<Stats>,
+        resync: Arc<Notify>,
     ) -> Result<Sender, BridgeError> {
         let mut clients = Vec::with_capacity(config.endpoints.len());
         for dial in &config.endpoints {
@@ -117,6 +123,8 @@ impl Sender {
             stats,
             heartbeat: config.heartbeat,
             last_seq: 0,
+            next_batch: 1,
+            resync,
         })
     }
 
@@ -149,7 +157,10 @@ impl Sender {
                 }
                 None => vec![self.identity.request(self.last_seq, Vec::new())],
             };
-            for request in requests {
+            for mut request in requests {
+                // Numbered once: a retry of this request is the same batch to the Indexer.
+                request.bridge_batch = Some(self.next_batch);
+                self.next_batch += 1;
                 if !self.deliver(request, &stop).await? {
                     return Ok(());
                 }
@@ -178,6 +189,16 @@ impl Sender {
                 Err(status) => {
                     let status = kv_indexer_client::client::transport_is_unavailable(status);
                     self.stats.rpc(status.code());
+                    if status.code() == Code::Aborted {
+                        // The Indexer lost acknowledged batches of this worker and cleared it; it
+                        // took this batch's number. Re-sync instead of retrying.
+                        warn!(
+                            message = status.message(),
+                            "the indexer lost batches it had acknowledged: re-syncing the worker"
+                        );
+                        self.resync.notify_one();
+                        return Ok(true);
+                    }
                     if status.code() == Code::Unauthenticated {
                         return Err(BridgeError::Unauthenticated {
                             message: status.message().to_string(),

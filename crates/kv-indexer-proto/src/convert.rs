@@ -32,6 +32,8 @@ pub fn apply_message(
         worker_address: header.worker_address.clone(),
         cache_spec: header.cache_spec.map(cache_spec_message),
         bridge_incarnation: header.bridge_incarnation,
+        // Numbered by the sender as it sends (a retry keeps its number).
+        bridge_batch: None,
     }
 }
 

@@ -46,13 +46,16 @@ fn validation_code(error: &ValidationError) -> Code {
     }
 }
 
-/// A refusal of the state: a fenced bridge must stop (FAILED_PRECONDITION); everything else
-/// passes (a replica catching up or stale, a log that cannot be written, a stop) and the caller
-/// retries or tries another replica (UNAVAILABLE).
+/// A refusal of the state: a fenced bridge must stop (FAILED_PRECONDITION); a bridge whose
+/// acknowledged batches were lost re-syncs (ABORTED, gRPC's code for a failed sequencer
+/// check); everything else passes (a replica catching up or stale, a log that cannot be
+/// written, a stop) and the caller retries or tries another replica (UNAVAILABLE).
 fn state_code(error: &ChangeError) -> Code {
     match error {
         ChangeError::Invalid(error) => validation_code(error),
+        ChangeError::BadBatch { .. } => Code::InvalidArgument,
         ChangeError::Fenced { .. } => Code::FailedPrecondition,
+        ChangeError::Gap { .. } => Code::Aborted,
         ChangeError::NotReady
         | ChangeError::Stale { .. }
         | ChangeError::EventLog(_)

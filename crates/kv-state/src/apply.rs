@@ -5,33 +5,73 @@ use kv_index::{ActionRequest, ApplyRequest, Index, IndexStats, NodeMatch, Tier, 
 use kv_indexer_proto::convert;
 
 use crate::error::ChangeError;
-use crate::meta::{Meta, fence, worker_meta};
+use crate::meta::{Gate, Meta, admit, worker_meta};
 use crate::record::{Change, Record};
 
 /// What one applied record produced.
 #[derive(Debug)]
 pub enum Applied {
     Apply(IndexStats),
+    /// A batch already applied, acknowledged again and not applied.
+    Duplicate(IndexStats),
+    /// A batch after a gap: the worker was cleared instead (see [`Gate::Gap`]).
+    Resync(ChangeError),
     CountHits(Vec<NodeMatch>),
     Expire,
 }
 
-/// Applies a validated apply and notes the worker as seen: the one step live applies and
-/// replay share.
-pub fn apply_valid(
+impl Applied {
+    /// What the caller of an apply is answered: the index's sizes, or a re-sync.
+    pub fn answer(self) -> Result<IndexStats, ChangeError> {
+        match self {
+            Applied::Apply(stats) | Applied::Duplicate(stats) => Ok(stats),
+            Applied::Resync(gap) => Err(gap),
+            Applied::CountHits(_) | Applied::Expire => Err(ChangeError::WriterGone),
+        }
+    }
+}
+
+/// Applies an admitted apply: as it is ([`Gate::Next`]), not at all ([`Gate::Duplicate`]), or,
+/// after a gap, by clearing the worker. The one step live applies, replay and replicas share.
+pub fn apply_admitted(
     index: &mut Index,
     meta: &mut Meta,
     valid: &ValidApply,
-    incarnation: Option<u64>,
+    gate: Gate,
     time_ms: u64,
-) -> IndexStats {
+) -> Result<Applied, ChangeError> {
+    let worker_id = valid.worker_id();
+    match gate {
+        Gate::Next => Ok(Applied::Apply(apply_valid(index, meta, valid, time_ms))),
+        Gate::Duplicate => Ok(Applied::Duplicate(index.stats())),
+        Gate::Gap { expected } => {
+            let cleared = clear_all(worker_id)?;
+            apply_valid(index, meta, &cleared, time_ms);
+            let known = meta.get(worker_id).copied().unwrap_or_default();
+            crate::observe::sequence_gap();
+            tracing::warn!(
+                worker_id,
+                incarnation = known.incarnation,
+                expected,
+                got = known.batch,
+                "acknowledged batches of this worker are lost: cleared it, its bridge re-syncs"
+            );
+            Ok(Applied::Resync(ChangeError::Gap {
+                worker_id: worker_id.to_owned(),
+                incarnation: known.incarnation,
+                expected,
+                got: known.batch,
+            }))
+        }
+    }
+}
+
+/// Applies a validated apply and notes the worker as seen.
+fn apply_valid(index: &mut Index, meta: &mut Meta, valid: &ValidApply, time_ms: u64) -> IndexStats {
     index.apply(valid);
     let entry = worker_meta(meta, valid.worker_id());
     entry.last_seen_ms = entry.last_seen_ms.max(time_ms);
     entry.expired = false;
-    if let Some(incarnation) = incarnation {
-        entry.incarnation = entry.incarnation.max(incarnation);
-    }
     index.stats()
 }
 
@@ -43,18 +83,16 @@ pub fn apply_record(
 ) -> Result<Applied, ChangeError> {
     match &record.change {
         Change::Apply(request) => {
-            let incarnation = request.bridge_incarnation;
-            // Live applies were fenced before they were logged, so this passes on replay; a
-            // fleet's replicas fence here, in log order, all alike.
-            fence(meta, &request.worker_id, incarnation)?;
             let valid = convert::apply_request(request.clone()).validate()?;
-            Ok(Applied::Apply(apply_valid(
-                index,
+            // Live applies were admitted before they were logged, so this decides alike on
+            // replay; a fleet's replicas admit here, in log order, all alike.
+            let gate = admit(
                 meta,
-                &valid,
-                incarnation,
-                record.time_ms,
-            )))
+                &request.worker_id,
+                request.bridge_incarnation,
+                request.bridge_batch,
+            )?;
+            apply_admitted(index, meta, &valid, gate, record.time_ms)
         }
         Change::CountHits(hashes) => {
             let matches = index.match_kv(hashes)?;

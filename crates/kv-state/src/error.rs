@@ -66,6 +66,20 @@ pub enum ChangeError {
         newest: u64,
     },
     #[error(
+        "worker {worker_id}: batch {got} of bridge incarnation {incarnation} arrived where {expected} was expected: the index lost acknowledged batches of this worker (a rolled-back log or state directory) and cleared the worker; re-sync it"
+    )]
+    Gap {
+        worker_id: String,
+        incarnation: u64,
+        expected: u64,
+        got: u64,
+    },
+    #[error("worker {worker_id}: bad bridge batch number ({why})")]
+    BadBatch {
+        worker_id: String,
+        why: &'static str,
+    },
+    #[error(
         "the index is still being recovered (from KV_INDEXER_STATE_DIR or the shared log); retry shortly"
     )]
     NotReady,

@@ -46,3 +46,8 @@ pub fn fleet_lag(lag_ms: u64, entries: u64) {
     metrics::gauge!("kv_indexer_fleet_lag_ms").set(lag_ms as f64);
     metrics::gauge!("kv_indexer_fleet_lag_entries").set(entries as f64);
 }
+
+/// An apply whose batch number showed acknowledged batches of its worker lost.
+pub fn sequence_gap() {
+    metrics::counter!("kv_indexer_sequence_gaps_total").increment(1);
+}

@@ -3,7 +3,7 @@
 //!
 //! `snapshot-<position, 20 digits>.snap`: a header (magic, format version, the log position
 //! it covers, payload length, CRC-32 of the payload), then the payload: every worker (id,
-//! address, spec, bridge incarnation, last-seen time, expired flag, and its placements per tier
+//! address, spec, bridge incarnation and batch number, last-seen time, expired flag, and its placements per tier
 //! in chain order as `(hash, component mask, tokens)`), then the hit counts. A snapshot is
 //! written to a `.tmp` file, synced and renamed, so a crash mid-write never leaves a file with
 //! the final name: only whole snapshots are ever read.
@@ -18,7 +18,9 @@ use crate::meta::WorkerMeta;
 
 const MAGIC: &[u8; 8] = b"SGLKVSNP";
 /// The snapshot format this server writes and reads.
-pub const VERSION: u32 = 1;
+/// 2: each worker's bridge batch number after its incarnation (version 1, without it, still
+/// loads, with none).
+pub const VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 8 + 8 + 4;
 
 /// A snapshot's contents: the index export and each worker's liveness and fencing state.
@@ -111,9 +113,11 @@ pub fn from_bytes(origin: &Path, bytes: &[u8]) -> Result<Contents, LogError> {
     if crc32fast::hash(payload) != crc {
         return Err(corrupt(HEADER_LEN, "the payload checksum does not match"));
     }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
     let mut reader = Reader {
         bytes: payload,
         at: 0,
+        version,
     };
     decode(&mut reader, position)
         .ok_or_else(|| corrupt(HEADER_LEN + reader.at, "the payload does not parse"))
@@ -149,6 +153,7 @@ fn encode(contents: &Contents) -> Vec<u8> {
         }
         let meta = contents.meta.get(&worker.id).copied().unwrap_or_default();
         out.extend_from_slice(&meta.incarnation.to_le_bytes());
+        out.extend_from_slice(&meta.batch.to_le_bytes());
         out.extend_from_slice(&meta.last_seen_ms.to_le_bytes());
         out.push(u8::from(meta.expired));
         for held in &worker.held {
@@ -180,6 +185,8 @@ fn put_str(out: &mut Vec<u8>, value: &str) {
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// The snapshot's format version.
+    version: u32,
 }
 
 impl Reader<'_> {
@@ -239,6 +246,7 @@ fn decode_worker(r: &mut Reader<'_>) -> Option<(ExportedWorker, WorkerMeta)> {
     };
     let meta = WorkerMeta {
         incarnation: r.u64()?,
+        batch: if r.version >= 2 { r.u64()? } else { 0 },
         last_seen_ms: r.u64()?,
         expired: r.u8()? != 0,
     };

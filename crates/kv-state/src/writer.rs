@@ -22,13 +22,13 @@ use kv_indexer_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
-use crate::apply::{Applied, apply_record, apply_valid};
+use crate::apply::{Applied, apply_admitted, apply_record};
 use crate::cell::{AbortOnPanic, IndexCell};
 use crate::clock::now_ms;
 use crate::durable::{Durable, build_snapshot, write_snapshot};
 use crate::error::{ChangeError, StateError};
 use crate::log::EventLog;
-use crate::meta::{Meta, due_for_expiry, fence, worker_meta};
+use crate::meta::{Gate, Meta, admit, due_for_expiry};
 use crate::record::{Change, Record};
 
 /// Jobs queued for the writer before senders wait.
@@ -117,13 +117,15 @@ impl Writer {
         request: pb::ApplyExternalKvBatchRequest,
     ) -> Result<IndexStats, ChangeError> {
         let time_ms = now_ms();
-        let incarnation = request.bridge_incarnation;
+        let (incarnation, batch) = (request.bridge_incarnation, request.bridge_batch);
         let bytes = self.logged.then(|| Record::encode_apply(time_ms, &request));
         let valid = convert::apply_request(request).validate()?;
         let (reply, answer) = oneshot::channel();
         self.send(Job::Apply(PendingApply {
             bytes,
             incarnation,
+            batch,
+            gate: Gate::Next,
             time_ms,
             valid,
             reply,
@@ -195,6 +197,10 @@ pub(crate) struct PendingApply {
     pub(crate) bytes: Option<Vec<u8>>,
     pub(crate) valid: ValidApply,
     pub(crate) incarnation: Option<u64>,
+    /// Its bridge batch number (the `bridge_batch` extension), when sent.
+    pub(crate) batch: Option<u64>,
+    /// What the sequence gate made of it, when the writer accepted it.
+    pub(crate) gate: Gate,
     pub(crate) time_ms: u64,
     pub(crate) reply: oneshot::Sender<Result<IndexStats, ChangeError>>,
 }
@@ -277,17 +283,23 @@ impl Thread {
 
     /// Fences an apply; an accepted one raises the worker's incarnation at once, so that an
     /// older bridge's apply later in the same group is fenced too.
-    fn accept_apply(&mut self, apply: PendingApply) -> Option<PendingApply> {
+    fn accept_apply(&mut self, mut apply: PendingApply) -> Option<PendingApply> {
         let worker = apply.valid.worker_id();
-        if let Err(error) = fence(&self.meta, worker, apply.incarnation) {
-            let _ = apply.reply.send(Err(error));
-            return None;
+        match admit(&mut self.meta, worker, apply.incarnation, apply.batch) {
+            Err(error) => {
+                let _ = apply.reply.send(Err(error));
+                None
+            }
+            // Applied before: answered at once, never logged twice.
+            Ok(Gate::Duplicate) => {
+                let _ = apply.reply.send(Ok(self.index.read().stats()));
+                None
+            }
+            Ok(gate) => {
+                apply.gate = gate;
+                Some(apply)
+            }
         }
-        if let Some(incarnation) = apply.incarnation {
-            let entry = worker_meta(&mut self.meta, worker);
-            entry.incarnation = entry.incarnation.max(incarnation);
-        }
-        Some(apply)
     }
 
     /// Appends the accepted changes as one group, then applies and answers each in order.
@@ -338,16 +350,17 @@ impl Thread {
         match change {
             Accepted::Apply(PendingApply {
                 valid,
-                incarnation,
+                gate,
                 time_ms,
                 reply,
                 ..
             }) => {
-                let stats = apply_valid(&mut index, &mut self.meta, &valid, incarnation, time_ms);
+                let applied = apply_admitted(&mut index, &mut self.meta, &valid, gate, time_ms);
                 drop(abort);
+                let stats = index.stats();
                 drop(index);
                 crate::observe::index_size(stats);
-                let _ = reply.send(Ok(stats));
+                let _ = reply.send(applied.and_then(Applied::answer));
             }
             Accepted::Other { record, reply } => {
                 let result = apply_record(&mut index, &mut self.meta, &record);

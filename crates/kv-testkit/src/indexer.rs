@@ -131,6 +131,7 @@ impl TestIndexer {
                     worker_address: address.into(),
                     cache_spec: None,
                     bridge_incarnation: None,
+                    bridge_batch: None,
                 })
                 .await
                 .expect("the test indexer accepts a plain REPORT");

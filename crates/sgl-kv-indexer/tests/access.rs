@@ -170,6 +170,7 @@ fn report() -> pb::ApplyExternalKvBatchRequest {
         worker_address: "http://127.0.0.1:30000".into(),
         cache_spec: None,
         bridge_incarnation: None,
+        bridge_batch: None,
     }
 }
 

@@ -187,6 +187,7 @@ fn apply(
         }],
         cache_spec: None,
         bridge_incarnation: None,
+        bridge_batch: None,
     }
 }
 

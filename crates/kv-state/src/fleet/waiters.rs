@@ -21,7 +21,7 @@ impl Waiter {
     pub(super) fn answer(self, result: Result<Applied, ChangeError>, stats: IndexStats) {
         match self {
             Waiter::Apply(reply) => {
-                let _ = reply.send(result.map(|_| stats));
+                let _ = reply.send(result.and_then(Applied::answer).map(|_| stats));
             }
             Waiter::Hits(reply) => {
                 let _ = reply.send(result.map(|applied| match applied {
