@@ -51,3 +51,8 @@ pub fn fleet_lag(lag_ms: u64, entries: u64) {
 pub fn sequence_gap() {
     metrics::counter!("kv_indexer_sequence_gaps_total").increment(1);
 }
+
+/// Entries a replica had applied that the shared log lost (a rolled-back engine).
+pub fn fleet_entries_lost(entries: u64) {
+    metrics::counter!("kv_indexer_fleet_entries_lost_total").increment(entries);
+}

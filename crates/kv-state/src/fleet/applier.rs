@@ -13,6 +13,7 @@ use tracing::{error, info, warn};
 
 use super::build::Base;
 use super::freshness::Freshness;
+use super::rollback::Rollback;
 use super::waiters::{Waiter, Waiters};
 use crate::apply::apply_record;
 use crate::cell::{AbortOnPanic, IndexCell};
@@ -65,6 +66,8 @@ pub(super) struct Applier {
     pub(super) guard_trips: u64,
     /// Entries that did not decode or apply (every replica skips the same ones).
     pub(super) skipped: u64,
+    /// What it knew when it last found the log rolled back, until its workers are cleared.
+    pub(super) rollback: Option<Rollback>,
     pub(super) stop: Arc<AtomicBool>,
 }
 
@@ -145,6 +148,7 @@ impl Applier {
         if overlap && entries.first().is_some_and(|e| e.position == from) {
             let seen = entries.remove(0);
             if Some(&seen.origin) != self.last_origin.as_ref() {
+                self.note_rollback(from);
                 return Err(Restart::Rebootstrap(format!(
                     "the entry at position {from} is now {}'s, not {}'s: the engine lost entries and others took their places",
                     seen.origin,
@@ -235,5 +239,13 @@ impl Applier {
             skipped = self.skipped,
             "skipping a shared-log entry that does not apply (every replica skips it alike)"
         );
+    }
+
+    /// Notes what this replica knew before the log lost entries from `lost_from` on (the
+    /// first finding counts, until its workers are cleared).
+    pub(super) fn note_rollback(&mut self, lost_from: u64) {
+        if self.rollback.is_none() {
+            self.rollback = Some(Rollback::new(&self.meta, self.next, lost_from));
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! trims the stream below them) and writes the last local snapshot at shutdown.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::{info, warn};
 
@@ -15,6 +15,7 @@ use crate::clock::now_ms;
 use crate::error::StateError;
 use crate::meta::due_for_expiry;
 use crate::record::{Change, Record};
+use crate::settings::sweep_interval;
 use crate::snapshot;
 
 impl Applier {
@@ -32,6 +33,7 @@ impl Applier {
         let bounds = stream.bounds()?;
         let tail = bounds.map_or(0, |(_, last)| last + 1);
         if tail < self.next {
+            self.note_rollback(tail);
             return Err(Restart::Rebootstrap(format!(
                 "the stream ends at position {tail}, before this replica's {}: the engine lost entries",
                 self.next
@@ -63,6 +65,7 @@ impl Applier {
         if !self.freshness.is_ready() {
             return Ok(());
         }
+        self.clear_lost()?;
         if self.lease {
             self.sweep()?;
         }
@@ -75,7 +78,7 @@ impl Applier {
         let Some(ttl) = self.worker_ttl else {
             return Ok(());
         };
-        let every = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let every = sweep_interval(ttl);
         // A grace of one TTL after this replica became ready: after the whole fleet was
         // down, bridges get the time to send again before their workers look silent.
         if self.last_sweep.elapsed() < every || self.ready_since.elapsed() < ttl {
@@ -87,14 +90,44 @@ impl Applier {
         if expired.is_empty() {
             return Ok(());
         }
+        self.append_expiry(now, expired)
+    }
+
+    /// Appends the clear of `workers` unless seen after the time each comes with (an
+    /// `ExpireUnseen` record, decided in log order on every replica alike).
+    fn append_expiry(&mut self, now: u64, workers: Vec<(String, u64)>) -> Result<(), Restart> {
         let record = Record {
             time_ms: now,
-            change: Change::ExpireUnseen(expired),
+            change: Change::ExpireUnseen(workers),
         };
         self.expiries += 1;
         let origin = format!("{}:x{}", self.replica, self.expiries);
         let stream = self.stream.as_mut().expect("connected");
         stream.append(&[(origin, record.encode())])?;
+        Ok(())
+    }
+
+    /// Once caught up again after a rolled-back log: clears the workers it lost entries of.
+    /// Every replica that found the rollback appends its clear; the record's condition makes
+    /// all but the first a no-op for a worker whose bridge has applied since (a re-sync), so
+    /// no replica has to be the one (a lease holder may itself be the one that was lost).
+    fn clear_lost(&mut self) -> Result<(), Restart> {
+        let Some(rollback) = &self.rollback else {
+            return Ok(());
+        };
+        let lost = rollback.lost_workers(&self.meta);
+        let entries = rollback.entries_lost();
+        if !lost.is_empty() {
+            self.append_expiry(now_ms(), lost.clone())?;
+        }
+        crate::observe::fleet_entries_lost(entries);
+        let names: Vec<&str> = lost.iter().map(|(id, _)| id.as_str()).collect();
+        warn!(
+            entries_lost = entries,
+            workers = ?names,
+            "the shared log lost entries this replica had applied: cleared their workers through the log, their bridges re-sync"
+        );
+        self.rollback = None;
         Ok(())
     }
 

@@ -30,6 +30,7 @@ mod bootstrap;
 mod build;
 mod freshness;
 mod maintenance;
+mod rollback;
 mod waiters;
 
 pub use freshness::Freshness;
@@ -106,6 +107,7 @@ pub fn start(
         lease: false,
         guard_trips: 0,
         skipped: 0,
+        rollback: None,
         stop: stop.clone(),
     };
     let applier = std::thread::Builder::new()
