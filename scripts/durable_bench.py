@@ -27,14 +27,9 @@ import tempfile
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target/release")
-HOST = "127.0.0.1"
-TWO_CPUS = (os.cpu_count() or 1) >= 2
-
-
-def pinned(cpu, argv):
-    return (["taskset", "-c", str(cpu)] + argv) if TWO_CPUS and shutil.which("taskset") else argv
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fault_tests import BIN, HOST, build  # noqa: E402  (the scripts' shared helpers)
+from overload import pinned  # noqa: E402  (taskset when there are two CPUs)
 
 
 class Server:
@@ -87,6 +82,17 @@ def dir_bytes(path):
     return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if os.path.isfile(os.path.join(path, f)))
 
 
+def churn(args, port):
+    """The load generator's REPORT/REVOKE churn at --ingest-ops against `port`: the achieved M
+    block-ops/s and the apply latency's p50, p99 and max in µs."""
+    out = loadgen(port, "--workers", 16, "--prompts", 16, "--prompt-blocks", 64, "--qps", 1,
+                  "--concurrency", 1, "--duration-secs", args.ingest_secs, "--ingest-ops", args.ingest_ops,
+                  "--ingest-batch", args.ingest_batch)
+    achieved = float(re.search(r"ingest: ([\d.]+) M block-ops/s", out).group(1))
+    lat = re.search(r"apply \(REPORT or REVOKE\) latency µs over \d+: p50 (\d+) p99 (\d+) max (\d+)", out)
+    return achieved, lat.group(1), lat.group(2), lat.group(3)
+
+
 def ingest(args, logs):
     print("\n## ingest: REPORT/REVOKE churn over gRPC (target "
           f"{args.ingest_ops / 1e6:.1f} M block-ops/s, {args.ingest_batch} hashes per apply)")
@@ -96,13 +102,9 @@ def ingest(args, logs):
         extra = [] if mode == "memory" else ["--state-dir", state, "--log-sync", mode, "--snapshot-interval-s", "0"]
         server = Server(args.base_port, logs, extra)
         server.wait_ready()
-        out = loadgen(args.base_port, "--workers", 16, "--prompts", 16, "--prompt-blocks", 64, "--qps", 1,
-                      "--concurrency", 1, "--duration-secs", args.ingest_secs, "--ingest-ops", args.ingest_ops,
-                      "--ingest-batch", args.ingest_batch)
+        achieved, p50, p99, top = churn(args, args.base_port)
         server.stop()
-        achieved = re.search(r"ingest: ([\d.]+) M block-ops/s", out).group(1)
-        lat = re.search(r"apply \(REPORT or REVOKE\) latency µs over \d+: p50 (\d+) p99 (\d+) max (\d+)", out)
-        print(f"{mode:<14} {achieved:>12} {lat.group(1):>12} {lat.group(2):>8} {lat.group(3):>8}")
+        print(f"{mode:<14} {achieved:>12.2f} {p50:>12} {p99:>8} {top:>8}")
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -174,23 +176,33 @@ def stall(args, logs):
         shutil.rmtree(state, ignore_errors=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="ingest,startup,stall")
+def add_bench_args(ap, base_port):
+    """The options this script and fleet_bench.py share: the placements, the ports from
+    `base_port`, the churn and --no-build."""
     ap.add_argument("--placements", default="1000000,10000000")
-    ap.add_argument("--base-port", type=int, default=48800)
+    ap.add_argument("--base-port", type=int, default=base_port)
     ap.add_argument("--ingest-ops", type=int, default=3_000_000)
     ap.add_argument("--ingest-batch", type=int, default=4096)
     ap.add_argument("--ingest-secs", type=int, default=8)
+    ap.add_argument("--no-build", action="store_true", help="use the binaries in target/release as they are")
+
+
+def parse_bench_args(ap):
+    """The command line, --placements as a list of numbers."""
+    args = ap.parse_args()
+    args.placements = [int(p) for p in args.placements.split(",") if p]
+    return args
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="ingest,startup,stall")
+    add_bench_args(ap, base_port=48800)
     ap.add_argument("--stall-placements", type=int, default=2_000_000)
     ap.add_argument("--stall-secs", type=int, default=10)
     ap.add_argument("--state-root", default=None, help="where state directories go (default: the temp dir)")
-    ap.add_argument("--no-build", action="store_true", help="use the binaries in target/release as they are")
-    args = ap.parse_args()
-    args.placements = [int(p) for p in args.placements.split(",") if p]
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-tools"],
-                       cwd=ROOT, check=True)
+    args = parse_bench_args(ap)
+    build(args, "sgl-kv-indexer", "kv-indexer-tools")
     logs = tempfile.mkdtemp(prefix="kv-durable-bench-")
     print(f"machine: {os.cpu_count()} CPUs; server on CPU 0, load generator on CPU 1; logs {logs}")
     for part in args.only.split(","):

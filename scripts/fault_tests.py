@@ -169,16 +169,21 @@ class Proc:
         return self.popen.poll() is None
 
 
-def stop_all():
-    for p in ALL_PROCS:
+def stop(procs, timeout=5):
+    """SIGTERM to each of `procs` still running, then SIGKILL to those not gone in `timeout` s."""
+    for p in procs:
         if p.poll() is None:
             p.terminate()
-    for p in ALL_PROCS:
+    for p in procs:
         try:
-            p.wait(timeout=5)
+            p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
-            p.wait(timeout=5)
+            p.wait(timeout=timeout)
+
+
+def stop_all():
+    stop(ALL_PROCS)
     ALL_PROCS.clear()
 
 

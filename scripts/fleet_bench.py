@@ -27,8 +27,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import durable_bench as db  # noqa: E402  (Server, loadgen, preload_flags)
+import durable_bench as db  # noqa: E402  (Server, churn, preload_flags, the shared options)
 import fleet_tests  # noqa: E402  (redis_command)
+from fault_tests import build  # noqa: E402  (the scripts' shared helpers)
 
 KEY = "sgl-kv-indexer:events"
 # Every process started, stopped by pid whatever happens (see main).
@@ -110,15 +111,6 @@ def pct(values, q):
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def churn(args, port):
-    out = db.loadgen(port, "--workers", 16, "--prompts", 16, "--prompt-blocks", 64, "--qps", 1,
-                     "--concurrency", 1, "--duration-secs", args.ingest_secs, "--ingest-ops", args.ingest_ops,
-                     "--ingest-batch", args.ingest_batch)
-    achieved = float(re.search(r"ingest: ([\d.]+) M block-ops/s", out).group(1))
-    lat = re.search(r"apply \(REPORT or REVOKE\) latency µs over \d+: p50 (\d+) p99 (\d+) max (\d+)", out)
-    return achieved, lat.group(1), lat.group(2), lat.group(3)
-
-
 def ingest(args, logs):
     print(f"\n## ingest: REPORT/REVOKE churn to the first replica (target {args.ingest_ops / 1e6:.1f} M "
           f"block-ops/s, {args.ingest_batch} hashes per apply, {args.ingest_secs} s)")
@@ -126,14 +118,14 @@ def ingest(args, logs):
           f"{'behind p50':>10} {'behind p99':>10} {'Redis B/op':>10}")
     single = server(args.base_port, logs, [])
     single.wait_ready()
-    achieved, p50, p99, top = churn(args, args.base_port)
+    achieved, p50, p99, top = db.churn(args, args.base_port)
     single.stop()
     print(f"{'one server, in memory':<22} {achieved:>12.2f} {p50:>12} {p99:>8} {top:>8} {'-':>10} {'-':>10} {'-':>10}")
     for count in (1, 2, 3):
         redis = Redis(args.base_port + 5, logs)
         servers = replicas(args, logs, redis, count, ["--snapshot-interval-s", "0"])
         samples, stop, thread = lag_poller(servers[0], servers[1:])
-        achieved, p50, p99, top = churn(args, args.base_port)
+        achieved, p50, p99, top = db.churn(args, args.base_port)
         stop.set()
         thread.join()
         memory = int(redis_command(redis.port, "MEMORY", "USAGE", KEY, "SAMPLES", "0").lstrip(":") or 0)
@@ -183,19 +175,11 @@ def join(args, logs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="ingest,join")
-    ap.add_argument("--placements", default="1000000,10000000")
-    ap.add_argument("--base-port", type=int, default=49100)
-    ap.add_argument("--ingest-ops", type=int, default=3_000_000)
-    ap.add_argument("--ingest-batch", type=int, default=4096)
-    ap.add_argument("--ingest-secs", type=int, default=8)
-    ap.add_argument("--no-build", action="store_true", help="use the binaries in target/release as they are")
-    args = ap.parse_args()
-    args.placements = [int(p) for p in args.placements.split(",") if p]
+    db.add_bench_args(ap, base_port=49100)
+    args = db.parse_bench_args(ap)
     if not shutil.which("redis-server"):
         ap.error("redis-server is not installed: run scripts/install_redis.sh")
-    if not args.no_build:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-tools"],
-                       cwd=db.ROOT, check=True)
+    build(args, "sgl-kv-indexer", "kv-indexer-tools")
     logs = tempfile.mkdtemp(prefix="kv-fleet-bench-")
     print(f"machine: {os.cpu_count()} CPUs; replicas on CPU 0, the load generator on CPU 1, Redis unpinned; "
           f"logs {logs}")

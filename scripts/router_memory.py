@@ -23,7 +23,9 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fault_tests as ft  # noqa: E402  (waiting, health checks and stopping are shared)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,23 +36,6 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def wait_until(what, condition, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
-def healthy(url):
-    with urllib.request.urlopen(url, timeout=1) as response:
-        return response.status == 200
 
 
 class Fleet:
@@ -79,11 +64,11 @@ class Fleet:
             "--worker-urls", ",".join(urls), "--kv-indexer-endpoint", f"http://{self.indexer}",
             "--cache-affinity-min-matched-tokens", "32"])
         for url in urls:
-            wait_until(f"{url}/health", lambda url=url: healthy(f"{url}/health"))
-        wait_until("the router's /health", lambda: healthy(f"http://127.0.0.1:{self.router_port}/health"))
+            ft.wait_until(lambda url=url: ft.http_ok(f"{url}/health"), f"{url}/health")
+        ft.wait_until(lambda: ft.http_ok(f"http://127.0.0.1:{self.router_port}/health"), "the router's /health")
         # The router asks the Indexer only once it has learned the block size.
-        wait_until("the router to learn the block size",
-                   lambda: generate(self.connection(), [1, 2, 3])[1] != "hashing_unknown")
+        ft.wait_until(lambda: generate(self.connection(), [1, 2, 3])[1] != "hashing_unknown",
+                      "the router to learn the block size")
 
     def connection(self):
         return http.client.HTTPConnection("127.0.0.1", self.router_port, timeout=30)
@@ -95,13 +80,7 @@ class Fleet:
         return proc
 
     def stop(self):
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        ft.stop(self.procs, timeout=10)
 
 
 def generate(conn, tokens):

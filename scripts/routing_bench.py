@@ -51,6 +51,9 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fault_tests as ft  # noqa: E402  (waiting, health checks and stopping are shared)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACES = {
     "conversation": os.path.join(ROOT, "crates/kv-index/benches/data/conversation_trace.jsonl"),
@@ -121,17 +124,6 @@ def upper_bound(requests):
     return cached / prompt
 
 
-def wait_http(url, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except Exception:
-            time.sleep(0.05)
-    raise RuntimeError(f"timed out waiting for {url}")
-
-
 class Fleet:
     """A fresh Indexer, simulated workers with bridges, and a router for one policy."""
 
@@ -161,9 +153,8 @@ class Fleet:
                                     "--worker-urls", ",".join(self.urls),
                                     "--cache-affinity-min-matched-tokens", str(args.min_matched_tokens),
                                     *extra])
-        for url in self.urls:
-            wait_http(f"{url}/health")
-        wait_http(f"http://{self.router}/health")
+        for url in [*self.urls, f"http://{self.router}"]:
+            ft.wait_until(lambda url=url: ft.http_ok(f"{url}/health"), f"{url}/health")
         time.sleep(1.5)  # bridges subscribe; the router learns the block size
 
     def start(self, logs, name, argv, env=None):
@@ -171,13 +162,7 @@ class Fleet:
         self.procs.append(subprocess.Popen(argv, stdout=log, stderr=log, env=env))
 
     def stop(self):
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        ft.stop(self.procs, timeout=10)
 
 
 def one_request(router, body):

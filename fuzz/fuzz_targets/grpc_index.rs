@@ -149,37 +149,58 @@ impl Pair {
 
     fn prefix(&self, message: pb::MatchExternalKvPrefixRequest) {
         let message = round_trip(&message);
-        let real = self.index.match_prefix(&message.hashes, message.max_blocks);
-        let expected = self.model.match_prefix(&message.hashes, message.max_blocks);
-        assert_eq!(real, expected, "match_prefix");
-        if let Ok(answer) = real {
-            round_trip(&convert::prefix_response(answer));
-        }
+        same_answer(
+            "match_prefix",
+            self.index.match_prefix(&message.hashes, message.max_blocks),
+            self.model.match_prefix(&message.hashes, message.max_blocks),
+            convert::prefix_response,
+        );
     }
 
     fn match_kv(&mut self, message: pb::MatchExternalKvRequest) {
         let message = round_trip(&message);
-        let real = self.index.match_kv(&message.hashes);
-        let expected = self.model.match_kv(&message.hashes);
-        assert_eq!(real, expected, "match_kv");
-        if let Ok(matches) = real {
-            round_trip(&convert::match_response(matches));
-            if message.count_as_hit {
-                self.index.count_hits(&message.hashes);
-                self.model.count_hits(&message.hashes);
-            }
+        let answered = same_answer(
+            "match_kv",
+            self.index.match_kv(&message.hashes),
+            self.model.match_kv(&message.hashes),
+            convert::match_response,
+        );
+        if answered && message.count_as_hit {
+            self.index.count_hits(&message.hashes);
+            self.model.count_hits(&message.hashes);
         }
     }
 
     fn hit_counts(&self, message: pb::GetExternalKvHitCountsRequest) {
         let message = round_trip(&message);
-        let real = self.index.hit_counts(&message.hashes);
-        let expected = self.model.hit_counts(&message.hashes);
-        assert_eq!(real, expected, "hit_counts");
-        if let Ok(entries) = real {
-            round_trip(&convert::hit_counts_response(entries));
-        }
+        same_answer(
+            "hit_counts",
+            self.index.hit_counts(&message.hashes),
+            self.model.hit_counts(&message.hashes),
+            convert::hit_counts_response,
+        );
     }
+}
+
+/// Asserts that the index answered `what` as the model did; an answer must then travel as its
+/// response message. Whether there was an answer (not an error).
+fn same_answer<T, E, R>(
+    what: &str,
+    real: Result<T, E>,
+    expected: Result<T, E>,
+    response: impl FnOnce(T) -> R,
+) -> bool
+where
+    T: PartialEq + std::fmt::Debug,
+    E: PartialEq + std::fmt::Debug,
+    R: Message + Default,
+{
+    assert_eq!(real, expected, "{what}");
+    let answered = real.is_ok();
+    if let Ok(answer) = real {
+        round_trip(&response(answer));
+    }
+    answered
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -393,57 +393,39 @@ mod tests {
             &["--worker-id", " "],
             "KV_INDEXER_WORKER_ID (--worker-id) must not be empty",
         );
-        check_err(
-            &["--worker-id", "w", "--clear-tiers", "HBM,TAPE"],
-            "--clear-tiers <CLEAR_TIERS>': unknown tier \"TAPE\"",
-        );
-        check_err(
-            &["--worker-id", "w", "--cache-components", "full,lru"],
-            "--cache-components <CACHE_COMPONENTS>': unknown component \"lru\"",
-        );
-        check_err(
-            &["--worker-id", "w", "--cache-components", "swa,mamba"],
-            "swa and mamba together are not a supported cache",
-        );
-        check_err(
-            &["--worker-id", "w", "--cache-components", "full,swa"],
-            "KV_INDEXER_SWA_WINDOW_TOKENS",
-        );
-        check_err(
-            &[
-                "--worker-id",
-                "w",
-                "--cache-components",
-                "full,swa",
-                "--swa-window-tokens",
-                "0",
-            ],
-            "KV_INDEXER_SWA_WINDOW_TOKENS",
-        );
-        check_err(
-            &["--worker-id", "w", "--endpoint", "[::1]:50051"],
-            "KV_INDEXER_ENDPOINT",
-        );
-        check_err(
-            &["--worker-id", "w", "--event-endpoint", "tcp://*:5557"],
-            "SGLANG_KV_EVENT_ENDPOINT",
-        );
-        check_err(
-            &["--worker-id", "w", "--replay-endpoint", "ipc:///x"],
-            "SGLANG_KV_REPLAY_ENDPOINT",
-        );
-        check_err(
-            &["--worker-id", "w", "--cache-spec-version", "2"],
-            "KV_INDEXER_CACHE_SPEC_VERSION",
-        );
-        check_err(
-            &["--worker-id", "w", "--queue-batches", "0"],
-            "--queue-batches",
-        );
-        check_err(
-            &["--worker-id", "w", "--heartbeat-ms", "soon"],
-            "--heartbeat-ms",
-        );
+        // Each after `--worker-id w`.
+        for (flags, needle) in [
+            (
+                "--clear-tiers HBM,TAPE",
+                "--clear-tiers <CLEAR_TIERS>': unknown tier \"TAPE\"",
+            ),
+            (
+                "--cache-components full,lru",
+                "--cache-components <CACHE_COMPONENTS>': unknown component \"lru\"",
+            ),
+            (
+                "--cache-components swa,mamba",
+                "swa and mamba together are not a supported cache",
+            ),
+            (
+                "--cache-components full,swa",
+                "KV_INDEXER_SWA_WINDOW_TOKENS",
+            ),
+            (
+                "--cache-components full,swa --swa-window-tokens 0",
+                "KV_INDEXER_SWA_WINDOW_TOKENS",
+            ),
+            ("--endpoint [::1]:50051", "KV_INDEXER_ENDPOINT"),
+            ("--event-endpoint tcp://*:5557", "SGLANG_KV_EVENT_ENDPOINT"),
+            ("--replay-endpoint ipc:///x", "SGLANG_KV_REPLAY_ENDPOINT"),
+            ("--cache-spec-version 2", "KV_INDEXER_CACHE_SPEC_VERSION"),
+            ("--queue-batches 0", "--queue-batches"),
+            ("--heartbeat-ms soon", "--heartbeat-ms"),
+        ] {
+            let mut argv = vec!["--worker-id", "w"];
+            argv.extend(flags.split(' '));
+            check_err(&argv, needle);
+        }
     }
 
     #[test]

@@ -150,17 +150,14 @@ impl IndexerClient {
             return PrefixOutcome::NoMatch;
         }
         let sent = &hashes[..hashes.len().min(MAX_PREFIX_HASHES)];
+        let message = pb::MatchExternalKvPrefixRequest {
+            hashes: sent.to_vec(),
+            max_blocks: 0,
+            max_matches: None,
+        };
         let answer = self
-            .query(|mut client, timeout| {
-                let request = with_timeout(
-                    pb::MatchExternalKvPrefixRequest {
-                        hashes: sent.to_vec(),
-                        max_blocks: 0,
-                        max_matches: None,
-                    },
-                    timeout,
-                );
-                async move { client.match_external_kv_prefix(request).await }
+            .query(message, |mut client, request| async move {
+                client.match_external_kv_prefix(request).await
             })
             .await;
         match answer {
@@ -176,16 +173,13 @@ impl IndexerClient {
         hashes: &[i64],
         count_as_hit: bool,
     ) -> Result<Vec<NodeMatch>, QueryError> {
+        let message = pb::MatchExternalKvRequest {
+            hashes: hashes.to_vec(),
+            count_as_hit,
+        };
         let response = self
-            .query(|mut client, timeout| {
-                let request = with_timeout(
-                    pb::MatchExternalKvRequest {
-                        hashes: hashes.to_vec(),
-                        count_as_hit,
-                    },
-                    timeout,
-                );
-                async move { client.match_external_kv(request).await }
+            .query(message, |mut client, request| async move {
+                client.match_external_kv(request).await
             })
             .await?;
         Ok(outcome::node_matches(response))
@@ -193,25 +187,24 @@ impl IndexerClient {
 
     /// The hit counts of those `hashes` that have one (`GetExternalKvHitCounts`).
     pub async fn hit_counts(&self, hashes: &[i64]) -> Result<Vec<HitCount>, QueryError> {
+        let message = pb::GetExternalKvHitCountsRequest {
+            hashes: hashes.to_vec(),
+        };
         let response = self
-            .query(|mut client, timeout| {
-                let request = with_timeout(
-                    pb::GetExternalKvHitCountsRequest {
-                        hashes: hashes.to_vec(),
-                    },
-                    timeout,
-                );
-                async move { client.get_external_kv_hit_counts(request).await }
+            .query(message, |mut client, request| async move {
+                client.get_external_kv_hit_counts(request).await
             })
             .await?;
         Ok(outcome::hit_counts(response))
     }
 
-    /// Admission, then `rpc` over the replicas within one deadline. Local failures come back
-    /// as the status a server would have sent, so one classification covers both.
-    async fn query<T, F, Fut>(&self, rpc: F) -> Result<T, Status>
+    /// Admission, then `rpc` of `message` over the replicas within one deadline, each request
+    /// carrying the time left as its gRPC timeout. Local failures come back as the status a
+    /// server would have sent, so one classification covers both.
+    async fn query<M, T, F, Fut>(&self, message: M, rpc: F) -> Result<T, Status>
     where
-        F: FnMut(Grpc, Duration) -> Fut,
+        M: Clone,
+        F: FnMut(Grpc, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let Ok(_permit) = self.admission.try_acquire() else {
@@ -221,7 +214,7 @@ impl IndexerClient {
             )));
         };
         let deadline = Instant::now() + self.query_timeout;
-        match tokio::time::timeout_at(deadline, self.fail_over(deadline, rpc)).await {
+        match tokio::time::timeout_at(deadline, self.fail_over(deadline, message, rpc)).await {
             // The timer has a millisecond's grain: an answer that beat it may still be late,
             // and a late answer is a timeout, whatever the timer says.
             Ok(_) if Instant::now() > deadline => Err(self.spent()),
@@ -231,18 +224,33 @@ impl IndexerClient {
     }
 
     /// Tries each replica in order while its failure is one the next replica may not share.
-    async fn fail_over<T, F, Fut>(&self, deadline: Instant, mut rpc: F) -> Result<T, Status>
+    async fn fail_over<M, T, F, Fut>(
+        &self,
+        deadline: Instant,
+        message: M,
+        mut rpc: F,
+    ) -> Result<T, Status>
     where
-        F: FnMut(Grpc, Duration) -> Fut,
+        M: Clone,
+        F: FnMut(Grpc, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let mut last = None;
-        for replica in &self.replicas {
+        let mut message = Some(message);
+        for (i, replica) in self.replicas.iter().enumerate() {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(self.spent());
             }
-            match rpc(replica.client.clone(), remaining)
+            // The last replica takes the message itself, any other a copy.
+            let body = if i + 1 == self.replicas.len() {
+                message.take()
+            } else {
+                message.clone()
+            };
+            let mut request = Request::new(body.expect("a message for every replica"));
+            request.set_timeout(remaining);
+            match rpc(replica.client.clone(), request)
                 .await
                 .map_err(transport_is_unavailable)
             {
@@ -281,9 +289,3 @@ pub fn transport_is_unavailable(status: Status) -> Status {
 }
 
 pub use kv_common::error_chain;
-
-fn with_timeout<T>(message: T, timeout: Duration) -> Request<T> {
-    let mut request = Request::new(message);
-    request.set_timeout(timeout);
-    request
-}

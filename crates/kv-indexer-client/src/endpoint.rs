@@ -226,31 +226,32 @@ mod tests {
 
     #[test]
     fn rejects_what_can_never_be_dialed_naming_the_entry() {
-        check("", Err("no Indexer endpoint"));
-        check("   ", Err("no Indexer endpoint"));
-        check("http://a:1,,http://b:2", Err("entry 2 is empty"));
-        check("http://a:1,", Err("entry 2 is empty"));
-        check("[::1]:50051", Err("\"[::1]:50051\": expected http://"));
-        check(
-            "localhost:50051",
-            Err("\"localhost:50051\": expected http://"),
-        );
-        check("grpc://a:1", Err("unsupported scheme \"grpc\""));
-        check("tcp://a:1", Err("unsupported scheme \"tcp\""));
-        check("http://a:1,ftp://b", Err("\"ftp://b\": unsupported scheme"));
-        check("http://", Err("\"http://\""));
-        check("http://:50051", Err("\"http://:50051\": no host"));
-        check("http://a b:1", Err("not a valid URL"));
-        check("http://a:0", Err("\"http://a:0\": bad port"));
-        check("http://a:65536", Err("\"http://a:65536\""));
-        check("http://a:port", Err("\"http://a:port\""));
-        check(
-            "http://a:1/kv",
-            Err("\"http://a:1/kv\": a gRPC endpoint has no path"),
-        );
-        check("http://a:1?x=1", Err("no path or query"));
-        check("unix:", Err("\"unix:\": no socket path"));
-        check("unix://", Err("\"unix://\""));
-        check("unix://indexer.sock", Err("must be absolute"));
+        for (list, needle) in [
+            ("", "no Indexer endpoint"),
+            ("   ", "no Indexer endpoint"),
+            ("http://a:1,,http://b:2", "entry 2 is empty"),
+            ("http://a:1,", "entry 2 is empty"),
+            ("[::1]:50051", "\"[::1]:50051\": expected http://"),
+            ("localhost:50051", "\"localhost:50051\": expected http://"),
+            ("grpc://a:1", "unsupported scheme \"grpc\""),
+            ("tcp://a:1", "unsupported scheme \"tcp\""),
+            ("http://a:1,ftp://b", "\"ftp://b\": unsupported scheme"),
+            ("http://", "\"http://\""),
+            ("http://:50051", "\"http://:50051\": no host"),
+            ("http://a b:1", "not a valid URL"),
+            ("http://a:0", "\"http://a:0\": bad port"),
+            ("http://a:65536", "\"http://a:65536\""),
+            ("http://a:port", "\"http://a:port\""),
+            (
+                "http://a:1/kv",
+                "\"http://a:1/kv\": a gRPC endpoint has no path",
+            ),
+            ("http://a:1?x=1", "no path or query"),
+            ("unix:", "\"unix:\": no socket path"),
+            ("unix://", "\"unix://\""),
+            ("unix://indexer.sock", "must be absolute"),
+        ] {
+            check(list, Err(needle));
+        }
     }
 }

@@ -11,7 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use futures_util::StreamExt;
 use kv_common::telemetry::Metrics;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
@@ -41,9 +41,15 @@ pub struct AppState {
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/generate", post(generate))
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/generate", proxied("/generate", generate_tokens))
+        .route(
+            "/v1/completions",
+            proxied("/v1/completions", completion_tokens),
+        )
+        .route(
+            "/v1/chat/completions",
+            proxied("/v1/chat/completions", chat_tokens),
+        )
         .route("/health", get(|| async { "ok" }))
         .route("/v1/models", get(models))
         .route("/metrics", get(render_metrics))
@@ -93,12 +99,7 @@ impl AppError {
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let mut message = self.to_string();
-        let mut source = std::error::Error::source(&self);
-        while let Some(cause) = source {
-            message = format!("{message}: {cause}");
-            source = cause.source();
-        }
+        let message = kv_common::error_chain(&self);
         let body = serde_json::json!({ "error": { "message": message, "code": status.as_u16() } });
         (status, axum::Json(body)).into_response()
     }
@@ -108,48 +109,53 @@ fn token_list(value: &Value) -> Option<Vec<u64>> {
     value.as_array()?.iter().map(Value::as_u64).collect()
 }
 
-async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, AppError> {
-    let request = serde_json::from_slice::<Value>(&body).map_err(|_| AppError::NotJson)?;
-    let tokens = match (
+/// How a route finds the prompt's tokens in its JSON request.
+type PromptTokens = fn(&AppState, &Value) -> Result<Vec<u64>, AppError>;
+
+/// A POST route proxied to the worker chosen for the prompt that `tokens` reads.
+fn proxied(route: &'static str, tokens: PromptTokens) -> MethodRouter<Arc<AppState>> {
+    post(
+        move |State(state): State<Arc<AppState>>, body: Bytes| async move {
+            let request = serde_json::from_slice::<Value>(&body).map_err(|_| AppError::NotJson)?;
+            let tokens = tokens(&state, &request)?;
+            forward(&state, route, body, &tokens).await
+        },
+    )
+}
+
+/// SGLang's `/generate`: `input_ids`, else `text`.
+fn generate_tokens(state: &AppState, request: &Value) -> Result<Vec<u64>, AppError> {
+    match (
         request.get("input_ids"),
         request.get("text").and_then(Value::as_str),
     ) {
         (Some(ids), _) => token_list(ids).ok_or(AppError::BadRequest(
             "input_ids must be a list of token ids",
-        ))?,
-        (None, Some(text)) => state.tokenizer.encode(text)?,
-        (None, None) => return Err(AppError::BadRequest("text or input_ids is required")),
-    };
-    forward(&state, "/generate", body, &tokens).await
+        )),
+        (None, Some(text)) => Ok(state.tokenizer.encode(text)?),
+        (None, None) => Err(AppError::BadRequest("text or input_ids is required")),
+    }
 }
 
-async fn completions(
-    State(state): State<Arc<AppState>>,
-    body: Bytes,
-) -> Result<Response, AppError> {
-    let request = serde_json::from_slice::<Value>(&body).map_err(|_| AppError::NotJson)?;
-    let tokens = match request.get("prompt") {
-        Some(Value::String(text)) => state.tokenizer.encode(text)?,
+/// `/v1/completions`: the `prompt`, a text or token ids.
+fn completion_tokens(state: &AppState, request: &Value) -> Result<Vec<u64>, AppError> {
+    match request.get("prompt") {
+        Some(Value::String(text)) => Ok(state.tokenizer.encode(text)?),
         Some(ids @ Value::Array(_)) => token_list(ids).ok_or(AppError::BadRequest(
             "prompt must be a string or a list of token ids",
-        ))?,
-        _ => return Err(AppError::BadRequest("prompt is required")),
-    };
-    forward(&state, "/v1/completions", body, &tokens).await
+        )),
+        _ => Err(AppError::BadRequest("prompt is required")),
+    }
 }
 
-async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    body: Bytes,
-) -> Result<Response, AppError> {
-    let request = serde_json::from_slice::<Value>(&body).map_err(|_| AppError::NotJson)?;
+/// `/v1/chat/completions`: the `messages` (and `tools`) rendered by the chat template.
+fn chat_tokens(state: &AppState, request: &Value) -> Result<Vec<u64>, AppError> {
     let messages = request
         .get("messages")
         .ok_or(AppError::BadRequest("messages is required"))?;
     let template = state.chat.as_ref().ok_or(ChatError::Missing)?;
     let text = template.render(messages, request.get("tools"), true)?;
-    let tokens = state.tokenizer.encode_rendered(&text)?;
-    forward(&state, "/v1/chat/completions", body, &tokens).await
+    Ok(state.tokenizer.encode_rendered(&text)?)
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {

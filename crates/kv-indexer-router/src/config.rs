@@ -196,49 +196,7 @@ impl RouterConfig {
                 return Err(ConfigError::WorkerUrl { url: url.clone() });
             }
         }
-        let check = |flag, variable, value: f64, ok: bool, reason| {
-            if ok {
-                Ok(value)
-            } else {
-                Err(ConfigError::OutOfRange {
-                    flag,
-                    variable,
-                    value,
-                    reason,
-                })
-            }
-        };
-        let ratio = args.cache_affinity_min_match_ratio;
-        let rel = args.pressure_rel_threshold;
-        let dram = args.cache_hit_weight_dram;
-        let selection = Selection {
-            min_matched_tokens: args.cache_affinity_min_matched_tokens,
-            min_match_ratio: check(
-                "cache-affinity-min-match-ratio",
-                "KV_ROUTER_CACHE_AFFINITY_MIN_MATCH_RATIO",
-                ratio,
-                (0.0..=1.0).contains(&ratio),
-                "must be between 0 and 1",
-            )?,
-            switch_margin_tokens: args.cache_switch_margin_tokens,
-            pressure_abs_threshold_tokens: args.pressure_abs_threshold_tokens,
-            pressure_rel_threshold: check(
-                "pressure-rel-threshold",
-                "KV_ROUTER_PRESSURE_REL_THRESHOLD",
-                rel,
-                rel.is_finite() && rel >= 1.0,
-                "must be a finite number, at least 1",
-            )?,
-            weights: TierWeights {
-                dram: check(
-                    "cache-hit-weight-dram",
-                    "KV_ROUTER_CACHE_HIT_WEIGHT_DRAM",
-                    dram,
-                    (0.0..=1.0).contains(&dram),
-                    "must be between 0 and 1",
-                )?,
-            },
-        };
+        let selection = selection(args)?;
         Ok(RouterConfig {
             worker_urls: args.worker_urls.clone(),
             policy: args.policy,
@@ -258,6 +216,64 @@ impl RouterConfig {
     }
 }
 
+/// The cache-aware policy's settings, each fraction and factor checked against its range.
+fn selection(args: &Args) -> Result<Selection, ConfigError> {
+    let share = |flag, variable, value: f64| {
+        in_range(
+            flag,
+            variable,
+            value,
+            (0.0..=1.0).contains(&value),
+            "must be between 0 and 1",
+        )
+    };
+    let rel = args.pressure_rel_threshold;
+    Ok(Selection {
+        min_matched_tokens: args.cache_affinity_min_matched_tokens,
+        min_match_ratio: share(
+            "cache-affinity-min-match-ratio",
+            "KV_ROUTER_CACHE_AFFINITY_MIN_MATCH_RATIO",
+            args.cache_affinity_min_match_ratio,
+        )?,
+        switch_margin_tokens: args.cache_switch_margin_tokens,
+        pressure_abs_threshold_tokens: args.pressure_abs_threshold_tokens,
+        pressure_rel_threshold: in_range(
+            "pressure-rel-threshold",
+            "KV_ROUTER_PRESSURE_REL_THRESHOLD",
+            rel,
+            rel.is_finite() && rel >= 1.0,
+            "must be a finite number, at least 1",
+        )?,
+        weights: TierWeights {
+            dram: share(
+                "cache-hit-weight-dram",
+                "KV_ROUTER_CACHE_HIT_WEIGHT_DRAM",
+                args.cache_hit_weight_dram,
+            )?,
+        },
+    })
+}
+
+/// `value` when `ok`, else the error naming the flag, its variable and `reason`.
+fn in_range(
+    flag: &'static str,
+    variable: &'static str,
+    value: f64,
+    ok: bool,
+    reason: &'static str,
+) -> Result<f64, ConfigError> {
+    if ok {
+        Ok(value)
+    } else {
+        Err(ConfigError::OutOfRange {
+            flag,
+            variable,
+            value,
+            reason,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,15 +283,7 @@ mod tests {
         let mut full = vec!["kv-indexer-router"];
         full.extend_from_slice(argv);
         let args = Args::try_parse_from(full).map_err(|e| e.to_string())?;
-        RouterConfig::from_args(&args).map_err(|error| {
-            let mut chain = error.to_string();
-            let mut source = std::error::Error::source(&error);
-            while let Some(cause) = source {
-                chain = format!("{chain}: {cause}");
-                source = cause.source();
-            }
-            chain
-        })
+        RouterConfig::from_args(&args).map_err(|error| kv_common::error_chain(&error))
     }
 
     #[test]

@@ -3,18 +3,19 @@
 //! holding a prompt's prefix, serving by load when the Indexer is gone, and a warning (and no
 //! affinity) when worker URLs and bridge addresses differ.
 
+mod test_router;
+
 use std::sync::Arc;
 
 use clap::Parser;
 use kv_bridge as bridge;
 use kv_bridge::stats::Stats;
-use kv_indexer_router::app::AppState;
 use kv_indexer_router::config::{Args, RouterConfig};
 use kv_indexer_router::policy::Policy;
 use kv_indexer_sim::{Config as SimConfig, Listeners, Worker};
 use kv_testkit::{BridgeFlags, TestIndexer, wait};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
+use test_router::TestRouter;
 use tokio_util::sync::CancellationToken;
 
 struct Fleet {
@@ -62,12 +63,6 @@ async fn fleet_of(n: usize, address: impl Fn(&str) -> String, sim: &SimConfig) -
     }
 }
 
-struct TestRouter {
-    url: String,
-    state: Arc<AppState>,
-    http: reqwest::Client,
-}
-
 async fn router(fleet: &Fleet) -> TestRouter {
     router_with(fleet, &[]).await
 }
@@ -84,49 +79,44 @@ async fn router_with(fleet: &Fleet, extra: &[&str]) -> TestRouter {
         "64".into(),
     ];
     argv.extend(extra.iter().map(|flag| flag.to_string()));
-    let config = RouterConfig::from_args(&Args::try_parse_from(argv).unwrap()).unwrap();
-    let state = kv_indexer_router::state(&config, None).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let run_state = state.clone();
-    let stop = fleet.stop.clone();
-    tokio::spawn(async move {
-        kv_indexer_router::run(listener, run_state, &config, stop.cancelled_owned()).await
-    });
-    wait::until("the router to learn the block size", || async {
-        state.hashing.read().is_some().then_some(())
-    })
-    .await;
-    TestRouter {
-        url,
-        state,
-        http: reqwest::Client::new(),
-    }
+    test_router::start(argv, fleet.stop.child_token()).await
 }
 
-/// What the router and the worker said about one request.
+/// What the router said about one request, and the worker's answer.
 #[derive(Debug)]
 struct Routed {
     worker: String,
     reason: String,
     matched_blocks: u64,
-    cached_tokens: u64,
-    prompt_tokens: u64,
+    answer: Value,
+}
+
+impl Routed {
+    /// A count of a `/generate` answer's `meta_info`.
+    fn meta(&self, name: &str) -> u64 {
+        self.answer["meta_info"][name].as_u64().unwrap()
+    }
 }
 
 impl TestRouter {
     /// `/generate` of `tokens`: the worker that served it and its `cached_tokens`.
     async fn generate(&self, tokens: &[u64]) -> (String, u64) {
         let routed = self.post(json!({"input_ids": tokens})).await;
-        (routed.worker, routed.cached_tokens)
+        let cached = routed.meta("cached_tokens");
+        (routed.worker, cached)
     }
 
     /// `/generate` of `body` (two new tokens).
     async fn post(&self, mut body: Value) -> Routed {
         body["sampling_params"] = json!({"max_new_tokens": 2});
+        self.send("/generate", body).await
+    }
+
+    /// `body` to `path`, which must answer 200.
+    async fn send(&self, path: &str, body: Value) -> Routed {
         let response = self
             .http
-            .post(format!("{}/generate", self.url))
+            .post(format!("{}{path}", self.url))
             .body(body.to_string())
             .send()
             .await
@@ -135,13 +125,12 @@ impl TestRouter {
         let header = |name| response.headers()[name].to_str().unwrap().to_string();
         let (worker, reason) = (header("x-routed-worker"), header("x-routing-reason"));
         let matched_blocks = header("x-matched-blocks").parse().unwrap();
-        let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        let answer = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
         Routed {
             worker,
             reason,
             matched_blocks,
-            cached_tokens: answer["meta_info"]["cached_tokens"].as_u64().unwrap(),
-            prompt_tokens: answer["meta_info"]["prompt_tokens"].as_u64().unwrap(),
+            answer,
         }
     }
 
@@ -268,9 +257,9 @@ async fn with_a_tokenizer_that_adds_bos_a_text_prompt_goes_to_the_worker_holding
     let first = router
         .post(json!({"text": format!("{document}w900 w901")}))
         .await;
-    assert_eq!(first.cached_tokens, 0, "{first:?}");
+    assert_eq!(first.meta("cached_tokens"), 0, "{first:?}");
     assert_eq!(
-        first.prompt_tokens,
+        first.meta("prompt_tokens"),
         1 + 322,
         "the worker adds <s>: {first:?}"
     );
@@ -286,7 +275,7 @@ async fn with_a_tokenizer_that_adds_bos_a_text_prompt_goes_to_the_worker_holding
     assert_eq!(second.reason, "cache_hit", "{second:?}");
     assert_eq!(second.worker, first.worker, "{second:?}");
     assert!(second.matched_blocks >= 20, "{second:?}");
-    assert!(second.cached_tokens >= 320, "{second:?}");
+    assert!(second.meta("cached_tokens") >= 320, "{second:?}");
     fleet.stop.cancel();
 }
 
@@ -345,7 +334,7 @@ async fn the_oracle_routes_by_the_workers_own_cache_views() {
             (home, "cache_hit")
         );
         // The whole pages of the shared document: 320 tokens.
-        assert_eq!(routed.cached_tokens, 320);
+        assert_eq!(routed.meta("cached_tokens"), 320);
     }
     fleet.stop.cancel();
 }
@@ -378,18 +367,9 @@ async fn a_chat_turn_goes_to_the_worker_holding_the_conversation_so_far() {
     .await;
     let router = &router;
     let chat = |messages: Value| async move {
-        let response = router
-            .http
-            .post(format!("{}/v1/chat/completions", router.url))
-            .body(json!({"messages": messages, "max_tokens": 2}).to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 200);
-        let header = |name| response.headers()[name].to_str().unwrap().to_string();
-        let (worker, reason) = (header("x-routed-worker"), header("x-routing-reason"));
-        let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-        (worker, reason, answer["usage"].clone())
+        let body = json!({"messages": messages, "max_tokens": 2});
+        let routed = router.send("/v1/chat/completions", body).await;
+        (routed.worker, routed.reason, routed.answer["usage"].clone())
     };
     let document: String = (0..320).map(|i| format!("w{i} ")).collect();
     let turn = json!([{"role": "user", "content": document}]);

@@ -1,19 +1,18 @@
 //! The router over real sockets: fake SGLang workers (axum), the real Indexer server in-process,
 //! and the router in front; every policy, the Indexer's failure classes, and streaming.
 
-use std::sync::Arc;
+mod test_router;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
-use clap::Parser;
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
-use kv_indexer_router::app::AppState;
-use kv_indexer_router::config::{Args, RouterConfig};
 use kv_testkit::indexer::HBM;
 use kv_testkit::{Port, TestIndexer, wait};
 use serde_json::{Value, json};
+use test_router::TestRouter;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 const BLOCK: usize = 16;
 
@@ -86,45 +85,17 @@ impl IntoResponseJson for axum::Json<Value> {
     }
 }
 
-struct TestRouter {
-    url: String,
-    state: Arc<AppState>,
-    http: reqwest::Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
+/// The router of `argv` (after the program name) on top of a test's defaults: cache affinity
+/// from one block, health checks every second.
 async fn start_router(argv: &[&str]) -> TestRouter {
-    let mut full = vec![
+    let defaults = [
         "kv-indexer-router",
         "--cache-affinity-min-matched-tokens",
         "16",
         "--health-interval-secs",
         "1",
     ];
-    full.extend_from_slice(argv);
-    let config = RouterConfig::from_args(&Args::try_parse_from(full).unwrap()).unwrap();
-    let state = kv_indexer_router::state(&config, None).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run_state = state.clone();
-    tokio::spawn(async move {
-        kv_indexer_router::run(listener, run_state, &config, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-    // Wait until the block size is learned (cache-aware routing needs it).
-    wait::until("the router to learn the block size", || async {
-        state.hashing.read().is_some().then_some(())
-    })
-    .await;
-    TestRouter {
-        url,
-        state,
-        http: reqwest::Client::new(),
-        _stop: stop,
-    }
+    test_router::start(defaults.iter().chain(argv), CancellationToken::new()).await
 }
 
 impl TestRouter {
@@ -183,12 +154,15 @@ async fn two_workers_and_the_indexer(extra: &[&str]) -> (TestIndexer, String, St
     let indexer = TestIndexer::start().await;
     let a = fake_worker("a").await;
     let b = fake_worker("b").await;
-    let urls = format!("{a},{b}");
-    let endpoint = indexer.url();
-    let mut argv = vec!["--worker-urls", &urls, "--kv-indexer-endpoint", &endpoint];
-    argv.extend_from_slice(extra);
-    let router = start_router(&argv).await;
+    let router = indexer_router(&format!("{a},{b}"), &indexer.url(), extra).await;
     (indexer, a, b, router)
+}
+
+/// A router over the workers `urls` that asks the Indexer at `endpoint`, with `extra` flags.
+async fn indexer_router(urls: &str, endpoint: &str, extra: &[&str]) -> TestRouter {
+    let mut argv = vec!["--worker-urls", urls, "--kv-indexer-endpoint", endpoint];
+    argv.extend_from_slice(extra);
+    start_router(&argv).await
 }
 
 #[tokio::test]
@@ -224,14 +198,7 @@ async fn falls_back_to_load_when_the_indexer_is_unreachable() {
     let dead = Port::reserve();
     let a = fake_worker("a").await;
     let b = fake_worker("b").await;
-    let endpoint = dead.url();
-    let router = start_router(&[
-        "--worker-urls",
-        &format!("{a},{b}"),
-        "--kv-indexer-endpoint",
-        &endpoint,
-    ])
-    .await;
+    let router = indexer_router(&format!("{a},{b}"), &dead.url(), &[]).await;
     let (status, worker, _) = router.generate(json!({"text": "hello world"})).await;
     assert_eq!((status, worker.as_str()), (200, a.as_str()));
 }
@@ -241,8 +208,7 @@ async fn a_rejected_indexer_query_fails_the_request_with_503() {
     // A gRPC server without KVIndexer answers UNIMPLEMENTED: the two sides disagree.
     let port = kv_testkit::indexer::without_kv_indexer();
     let a = fake_worker("a").await;
-    let endpoint = port.url();
-    let router = start_router(&["--worker-urls", &a, "--kv-indexer-endpoint", &endpoint]).await;
+    let router = indexer_router(&a, &port.url(), &[]).await;
     let (status, _, body) = router.generate(json!({"input_ids": prompt(4, 64)})).await;
     assert_eq!(status, 503, "{body}");
 }
@@ -383,18 +349,17 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
     let indexer = TestIndexer::start().await;
     let idle = fake_worker("idle").await;
     let stuck = stuck_worker().await;
-    let urls = format!("{idle},{stuck}");
-    let endpoint = indexer.url();
-    let router = start_router(&[
-        "--worker-urls",
+    let (urls, endpoint) = (format!("{idle},{stuck}"), indexer.url());
+    let router = indexer_router(
         &urls,
-        "--kv-indexer-endpoint",
         &endpoint,
-        "--pressure-abs-threshold-tokens",
-        "100",
-        "--pressure-rel-threshold",
-        "1.5",
-    ])
+        &[
+            "--pressure-abs-threshold-tokens",
+            "100",
+            "--pressure-rel-threshold",
+            "1.5",
+        ],
+    )
     .await;
     // The stuck worker holds the first 128 of each 256-token prompt: 128 to prefill, 128 saved.
     let hot = prompt(8, 256);
@@ -425,14 +390,11 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
     second.abort();
 
     // Under the threshold the cache wins.
-    let router = start_router(&[
-        "--worker-urls",
+    let router = indexer_router(
         &urls,
-        "--kv-indexer-endpoint",
         &endpoint,
-        "--pressure-abs-threshold-tokens",
-        "200",
-    ])
+        &["--pressure-abs-threshold-tokens", "200"],
+    )
     .await;
     let pending = tokio::spawn(router.send_tokens(hot.clone()));
     wait::until("the request to be queued on the stuck worker", || async {

@@ -78,17 +78,23 @@ async fn get(app: &Router, path: &str) -> (StatusCode, Value) {
     )
 }
 
-/// The `data:` payloads of an SSE body.
-fn sse_data(body: &[u8]) -> Vec<String> {
+/// The `data:` payloads of an SSE body, which must end with `[DONE]`, each before it as JSON.
+fn sse_chunks(body: &[u8]) -> Vec<Value> {
     let text = std::str::from_utf8(body).unwrap();
-    text.split("\n\n")
+    let data: Vec<&str> = text
+        .split("\n\n")
         .filter(|event| !event.is_empty())
         .map(|event| {
             event
                 .strip_prefix("data: ")
                 .unwrap_or_else(|| panic!("not a data event: {event:?}"))
-                .to_string()
         })
+        .collect();
+    let (done, chunks) = data.split_last().expect("an event");
+    assert_eq!(*done, "[DONE]", "{data:?}");
+    chunks
+        .iter()
+        .map(|chunk| serde_json::from_str(chunk).unwrap())
         .collect()
 }
 
@@ -185,13 +191,8 @@ async fn generate_streams_cumulative_chunks_then_done() {
     let body = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .unwrap();
-    let data = sse_data(&body);
-    assert_eq!(data.len(), 4, "{data:?}");
-    assert_eq!(data[3], "[DONE]");
-    let chunks: Vec<Value> = data[..3]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = sse_chunks(&body);
+    assert_eq!(chunks.len(), 3, "{chunks:?}");
     assert_eq!(chunks[0]["text"], " lorem");
     assert_eq!(chunks[1]["text"], " lorem ipsum");
     assert_eq!(chunks[2]["text"], " lorem ipsum dolor");
@@ -243,12 +244,7 @@ async fn completions_stream_deltas_usage_then_done() {
                       "stream_options": {"include_usage": true}});
     let (status, bytes) = call(&app, "POST", "/v1/completions", Some(body)).await;
     assert_eq!(status, StatusCode::OK);
-    let data = sse_data(&bytes);
-    assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = sse_chunks(&bytes);
     let (usage, deltas) = chunks.split_last().unwrap();
     let text: String = deltas
         .iter()
@@ -521,17 +517,12 @@ async fn generate_streams_one_chunk_per_stream_interval() {
     let body = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .unwrap();
-    let data = sse_data(&body);
-    let counts: Vec<u64> = data[..data.len() - 1]
+    let counts: Vec<u64> = sse_chunks(&body)
         .iter()
-        .map(|d| {
-            let chunk: Value = serde_json::from_str(d).unwrap();
-            chunk["meta_info"]["completion_tokens"].as_u64().unwrap()
-        })
+        .map(|chunk| chunk["meta_info"]["completion_tokens"].as_u64().unwrap())
         .collect();
     // The first token at once, then every 4th, then the last with finish_reason.
     assert_eq!(counts, [1, 4, 8, 10]);
-    assert_eq!(data.last().unwrap(), "[DONE]");
 }
 
 /// A model directory: the test's BOS tokenizer and a tokenizer_config.json whose chat template
@@ -551,12 +542,19 @@ fn chat_model(name: &str) -> kv_testkit::tokenizer::BosTokenizer {
     tokenizer
 }
 
-#[tokio::test]
-async fn chat_completions_render_the_chat_template_and_share_the_cache() {
-    let model = chat_model("sim-chat");
+/// A worker serving the chat model `chat_model(name)`, and that model (kept for the worker's
+/// life).
+async fn chat_worker(name: &str) -> (kv_testkit::tokenizer::BosTokenizer, Worker) {
+    let model = chat_model(name);
     let mut config = config();
     config.tokenizer_path = Some(model.dir.clone());
     let worker = worker(config).await;
+    (model, worker)
+}
+
+#[tokio::test]
+async fn chat_completions_render_the_chat_template_and_share_the_cache() {
+    let (_model, worker) = chat_worker("sim-chat").await;
     let app = worker.router();
     let words =
         |range: std::ops::Range<u32>| range.map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
@@ -601,22 +599,14 @@ async fn chat_completions_render_the_chat_template_and_share_the_cache() {
 
 #[tokio::test]
 async fn chat_completions_stream_role_then_deltas_usage_and_done() {
-    let model = chat_model("sim-chat-stream");
-    let mut config = config();
-    config.tokenizer_path = Some(model.dir.clone());
-    let worker = worker(config).await;
+    let (_model, worker) = chat_worker("sim-chat-stream").await;
     let app = worker.router();
     let body = json!({"messages": [{"role": "user", "content": "w1"}], "max_tokens": 3,
                       "stream": true, "stream_options": {"include_usage": true}});
     let (status, bytes) = call(&app, "POST", "/v1/chat/completions", Some(body)).await;
     assert_eq!(status, StatusCode::OK);
-    let data = sse_data(&bytes);
-    assert_eq!(data.len(), 5, "{data:?}");
-    assert_eq!(data[4], "[DONE]");
-    let chunks: Vec<Value> = data[..4]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = sse_chunks(&bytes);
+    assert_eq!(chunks.len(), 4, "{chunks:?}");
     assert_eq!(chunks[0]["object"], "chat.completion.chunk");
     assert_eq!(
         chunks[0]["choices"][0]["delta"],
@@ -654,10 +644,7 @@ async fn chat_completions_without_a_template_or_with_bad_messages_are_refused() 
         "{error}"
     );
 
-    let model = chat_model("sim-chat-bad");
-    let mut config = config();
-    config.tokenizer_path = Some(model.dir.clone());
-    let worker = self::worker(config).await;
+    let (_model, worker) = chat_worker("sim-chat-bad").await;
     let app = worker.router();
     let (status, error) = post(&app, "/v1/chat/completions", json!({"messages": "hi"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);

@@ -113,6 +113,35 @@ fn tls_flags(dir: &Path, mutual: bool) -> Vec<String> {
     flags
 }
 
+/// A server that requires a client certificate from the CA of `pki(name)` and the write token
+/// `w-secret`, and that PKI's directory.
+async fn start_mutual_tls_with_write_token(name: &str) -> (PathBuf, Running) {
+    let dir = pki(name);
+    let mut flags = tls_flags(&dir, true);
+    flags.extend(["--write-token".to_string(), "w-secret".into()]);
+    (dir, start(&flags).await)
+}
+
+/// The real bridge binary for `worker-0`, applying to `endpoint` and following a publisher
+/// that never sends (so its first apply is its start-up clear), which it returns: it must live
+/// as long as the bridge runs.
+async fn bridge_command(endpoint: String) -> (zeromq::PubSocket, tokio::process::Command) {
+    let mut publisher = <zeromq::PubSocket as zeromq::Socket>::new();
+    let bound = zeromq::Socket::bind(&mut publisher, "tcp://127.0.0.1:0")
+        .await
+        .unwrap();
+    let mut bridge = tokio::process::Command::new(env!("CARGO_BIN_EXE_kv-indexer-bridge"));
+    bridge
+        .env_clear()
+        .env("KV_INDEXER_WORKER_ID", "worker-0")
+        .env("KV_INDEXER_ENDPOINT", endpoint)
+        .env("SGLANG_KV_EVENT_ENDPOINT", bound.to_string())
+        .env("KV_INDEXER_HEARTBEAT_MS", "100")
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    (publisher, bridge)
+}
+
 fn trusting(dir: &Path) -> ClientSecurity {
     ClientSecurity {
         ca_file: Some(dir.join("ca.pem")),
@@ -343,10 +372,7 @@ async fn the_read_token_guards_queries_and_the_write_token_also_reads() {
 
 #[tokio::test]
 async fn tokens_travel_inside_tls_with_a_client_certificate() {
-    let dir = pki("all");
-    let mut flags = tls_flags(&dir, true);
-    flags.extend(["--write-token".to_string(), "w-secret".into()]);
-    let server = start(&flags).await;
+    let (dir, server) = start_mutual_tls_with_write_token("all").await;
     let url = format!("https://localhost:{}", server.addr.port());
     let client = with_identity(trusting(&dir), &dir, "client");
 
@@ -413,21 +439,10 @@ async fn bad_tls_settings_are_refused_at_start_naming_the_setting() {
 #[tokio::test]
 async fn a_bridge_with_a_wrong_token_exits_with_a_clear_message() {
     let server = start(&["--write-token".into(), "w-secret".into()]).await;
-    // A publisher that never sends: the bridge's first apply is its start-up clear.
-    let mut publisher = <zeromq::PubSocket as zeromq::Socket>::new();
-    let bound = zeromq::Socket::bind(&mut publisher, "tcp://127.0.0.1:0")
-        .await
-        .unwrap();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_kv-indexer-bridge"))
-        .env_clear()
-        .env("KV_INDEXER_WORKER_ID", "worker-0")
-        .env("KV_INDEXER_ENDPOINT", format!("http://{}", server.addr))
-        .env("SGLANG_KV_EVENT_ENDPOINT", bound.to_string())
-        .env("KV_INDEXER_HEARTBEAT_MS", "100")
+    let (_publisher, mut bridge) = bridge_command(format!("http://{}", server.addr)).await;
+    let output = bridge
         .env("KV_INDEXER_TOKEN", "not-the-token")
-        .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(Duration::from_secs(30), output)
         .await
@@ -447,30 +462,15 @@ async fn a_bridge_with_a_wrong_token_exits_with_a_clear_message() {
 /// requires both: its start-up clear lands and the worker is known.
 #[tokio::test]
 async fn a_bridge_with_its_certificate_and_token_applies_over_mutual_tls() {
-    let dir = pki("bridge");
-    let mut flags = tls_flags(&dir, true);
-    flags.extend(["--write-token".to_string(), "w-secret".into()]);
-    let server = start(&flags).await;
-    let mut publisher = <zeromq::PubSocket as zeromq::Socket>::new();
-    let bound = zeromq::Socket::bind(&mut publisher, "tcp://127.0.0.1:0")
-        .await
-        .unwrap();
-    let mut bridge = tokio::process::Command::new(env!("CARGO_BIN_EXE_kv-indexer-bridge"))
-        .env_clear()
-        .env("KV_INDEXER_WORKER_ID", "worker-0")
-        .env(
-            "KV_INDEXER_ENDPOINT",
-            format!("https://localhost:{}", server.addr.port()),
-        )
-        .env("SGLANG_KV_EVENT_ENDPOINT", bound.to_string())
-        .env("KV_INDEXER_HEARTBEAT_MS", "100")
+    let (dir, server) = start_mutual_tls_with_write_token("bridge").await;
+    let endpoint = format!("https://localhost:{}", server.addr.port());
+    let (_publisher, mut bridge) = bridge_command(endpoint).await;
+    let mut bridge = bridge
         .env("KV_INDEXER_TOKEN", "w-secret")
         .env("KV_INDEXER_TLS_CA", dir.join("ca.pem"))
         .env("KV_INDEXER_CLIENT_CERT", dir.join("client.pem"))
         .env("KV_INDEXER_CLIENT_KEY", dir.join("client.key"))
-        .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);

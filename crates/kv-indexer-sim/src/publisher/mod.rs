@@ -120,6 +120,16 @@ impl PublisherStats {
     }
 }
 
+/// A ZMQ socket of kind `S` (PUB, ROUTER) on an already-bound listener.
+async fn bound<S: Socket>(listener: std::net::TcpListener) -> Result<S, PublisherError> {
+    let mut socket = S::new();
+    socket
+        .bind_listener(listener)
+        .await
+        .map_err(PublisherError::Bind)?;
+    Ok(socket)
+}
+
 pub struct Publisher {
     socket: PubSocket,
     topic: Bytes,
@@ -139,13 +149,8 @@ impl Publisher {
         listener: std::net::TcpListener,
         config: PublisherConfig,
     ) -> Result<Publisher, PublisherError> {
-        let mut socket = PubSocket::new();
-        socket
-            .bind_listener(listener)
-            .await
-            .map_err(PublisherError::Bind)?;
         Ok(Publisher {
-            socket,
+            socket: bound(listener).await?,
             topic: Bytes::from(config.topic),
             encoder: config.encoder,
             attn_dp_rank: config.attn_dp_rank,

@@ -6,9 +6,9 @@
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
-use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
-use super::{PublisherError, ReplayBuffer};
+use super::{PublisherError, ReplayBuffer, bound};
 
 pub struct ReplayServer {
     socket: RouterSocket,
@@ -23,13 +23,8 @@ impl ReplayServer {
         buffer: ReplayBuffer,
         topic: &[u8],
     ) -> Result<ReplayServer, PublisherError> {
-        let mut socket = RouterSocket::new();
-        socket
-            .bind_listener(listener)
-            .await
-            .map_err(PublisherError::Bind)?;
         Ok(ReplayServer {
-            socket,
+            socket: bound(listener).await?,
             buffer,
             topic: Bytes::copy_from_slice(topic),
         })

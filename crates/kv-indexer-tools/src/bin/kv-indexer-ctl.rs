@@ -173,6 +173,17 @@ struct Report {
     answered: bool,
 }
 
+impl Report {
+    /// The report of a query the Indexer answered (or of a command that needs none).
+    fn answered(json: Value, table: String) -> Report {
+        Report {
+            json,
+            table,
+            answered: true,
+        }
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
@@ -242,11 +253,7 @@ fn hash_report(tokens: &[u64], hashing: &Hashing) -> Report {
     for (i, hash) in hashes.iter().enumerate() {
         let _ = writeln!(table, "{i:>6}  {hash:>20}  {:#018x}", *hash as u64);
     }
-    Report {
-        json,
-        table,
-        answered: true,
-    }
+    Report::answered(json, table)
 }
 
 fn prefix_report(outcome: &PrefixOutcome, query_blocks: usize) -> Report {
@@ -287,21 +294,16 @@ fn prefix_report(outcome: &PrefixOutcome, query_blocks: usize) -> Report {
                     m.worker_id, m.matched_prefix_blocks, share, m.worker_address
                 );
             }
-            Report {
-                json,
-                table,
-                answered: true,
-            }
+            Report::answered(json, table)
         }
-        PrefixOutcome::NoMatch => Report {
-            json: json!({
+        PrefixOutcome::NoMatch => Report::answered(
+            json!({
                 "outcome": outcome.label(),
                 "query_blocks": query_blocks,
                 "sent_blocks": sent,
             }),
-            table: format!("no worker holds the first of {query_blocks} blocks\n"),
-            answered: true,
-        },
+            format!("no worker holds the first of {query_blocks} blocks\n"),
+        ),
         PrefixOutcome::Rejected { code, message } => Report {
             json: json!({
                 "outcome": outcome.label(),
@@ -366,11 +368,7 @@ fn match_report(answer: Result<Vec<NodeMatch>, QueryError>) -> Report {
     if matches.is_empty() {
         table = "no worker holds any of the blocks\n".into();
     }
-    Report {
-        json: json!({ "matches": matches }),
-        table,
-        answered: true,
-    }
+    Report::answered(json!({ "matches": matches }), table)
 }
 
 fn hits_report(answer: Result<Vec<HitCount>, QueryError>) -> Report {
@@ -385,11 +383,7 @@ fn hits_report(answer: Result<Vec<HitCount>, QueryError>) -> Report {
     if entries.is_empty() {
         table = "none of the blocks has a hit count\n".into();
     }
-    Report {
-        json: json!({ "entries": entries }),
-        table,
-        answered: true,
-    }
+    Report::answered(json!({ "entries": entries }), table)
 }
 
 #[cfg(test)]
