@@ -124,6 +124,12 @@ pub struct Args {
     #[arg(long, env = "KV_INDEXER_EVENT_LOG_PASSWORD", hide_env_values = true)]
     pub event_log_password: Option<Secret>,
 
+    /// With a shared log: Redis replicas that must hold an append (`WAIT`, at most 1 s) before
+    /// it is answered; fewer is UNAVAILABLE (the bridge retries). 0: answered once the primary
+    /// has it (a failover may then drop the last acknowledged changes).
+    #[arg(long, env = "KV_INDEXER_EVENT_LOG_MIN_REPLICAS", default_value = "0")]
+    pub event_log_min_replicas: u32,
+
     /// With a shared log: a replica further behind the stream than this answers queries
     /// UNAVAILABLE (routers try the next endpoint) instead of answering from a stale index.
     #[arg(long, env = "KV_INDEXER_MAX_LAG_MS", default_value = "1000")]
@@ -207,7 +213,8 @@ impl Config {
                     url,
                     &args.event_log_key,
                     args.event_log_password.as_ref().map(|p| p.expose()),
-                )?,
+                )?
+                .with_min_replicas(args.event_log_min_replicas),
                 max_lag: Duration::from_millis(args.max_lag_ms),
             }),
         };

@@ -34,6 +34,8 @@ pub const LEASE: Duration = Duration::from_secs(5);
 pub const READ_BLOCK: Duration = Duration::from_millis(100);
 /// A reply slower than this is an engine failure (a partition), not a slow answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest an append waits for its Redis replicas (`KV_INDEXER_EVENT_LOG_MIN_REPLICAS`).
+pub const REPLICA_WAIT: Duration = Duration::from_secs(1);
 
 /// What went wrong talking to the engine.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,8 @@ pub struct StreamConfig {
     /// The URL without credentials, for messages.
     url: String,
     pub key: String,
+    /// Redis replicas that must hold an append before it counts (`WAIT`; 0: none).
+    min_replicas: u32,
 }
 
 impl std::fmt::Debug for StreamConfig {
@@ -119,7 +123,17 @@ impl StreamConfig {
             client,
             url: redact(url),
             key: key.to_owned(),
+            min_replicas: 0,
         })
+    }
+
+    /// Every append waits (`WAIT n`, at most [`REPLICA_WAIT`]) until `replicas` Redis replicas
+    /// hold it, and fails when fewer do: an acknowledged change then survives a failover to any
+    /// of them (Redis replicates asynchronously, so without it a failover may drop the last
+    /// acknowledged appends).
+    pub fn with_min_replicas(mut self, replicas: u32) -> StreamConfig {
+        self.min_replicas = replicas;
+        self
     }
 
     /// A new connection, with bounded connect, read and write times.
@@ -150,6 +164,11 @@ impl StreamConfig {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Whether an append waits for Redis replicas (`with_min_replicas`).
+    pub fn waits_for_replicas(&self) -> bool {
+        self.min_replicas > 0
     }
 }
 
@@ -224,9 +243,33 @@ impl Stream {
                 .arg("d")
                 .arg(record);
         }
-        let ids: Vec<String> = pipe
+        let wanted = self.config.min_replicas;
+
+        if wanted > 0 {
+            pipe.cmd("WAIT")
+                .arg(wanted)
+                .arg(REPLICA_WAIT.as_millis() as u64);
+        }
+        let mut answers: Vec<Value> = pipe
             .query(&mut self.connection)
             .map_err(self.config.engine("appending (XADD)"))?;
+        if wanted > 0 {
+            let acked = match answers.pop() {
+                Some(Value::Int(acked)) => acked,
+                other => return Err(self.unexpected(format!("WAIT answered {other:?}"))),
+            };
+            if acked < i64::from(wanted) {
+                return Err(self.unexpected(format!(
+                    "{acked} of the {wanted} Redis replicas KV_INDEXER_EVENT_LOG_MIN_REPLICAS asks for hold the append after {} ms",
+                    REPLICA_WAIT.as_millis()
+                )));
+            }
+        }
+        let ids: Vec<String> = answers
+            .into_iter()
+            .map(redis::from_redis_value)
+            .collect::<Result<_, _>>()
+            .map_err(|error| self.unexpected(format!("XADD answered {error}")))?;
         ids.iter()
             .map(|id| {
                 position_of(id).ok_or_else(|| {

@@ -39,6 +39,34 @@ pub fn report_request(worker: &str, hashes: Vec<i64>) -> pb::ApplyExternalKvBatc
     }
 }
 
+/// An apply of `actions` by `worker`, whose address is `http://<worker>:30000`.
+pub fn apply_request(
+    worker: &str,
+    actions: Vec<pb::ExternalKvAction>,
+) -> pb::ApplyExternalKvBatchRequest {
+    pb::ApplyExternalKvBatchRequest {
+        worker_address: format!("http://{worker}:30000"),
+        worker_id: worker.into(),
+        actions,
+        ..Default::default()
+    }
+}
+
+/// An action of `kind` at `tier` on `hashes`; a REPORT's blocks hold 16 to 18 tokens.
+pub fn action(kind: i32, tier: i32, hashes: &[i64]) -> pb::ExternalKvAction {
+    pb::ExternalKvAction {
+        r#type: kind,
+        tier,
+        hashes: hashes.to_vec(),
+        block_sizes: if kind == REPORT {
+            hashes.iter().map(|h| 16 + (*h as u32 % 3)).collect()
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    }
+}
+
 /// A prefix query for `hashes`, without a ceiling.
 pub fn prefix_request(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
     pb::MatchExternalKvPrefixRequest {

@@ -13,11 +13,22 @@ pub struct RedisServer {
     dir: PathBuf,
     /// Append-only file on: a restart keeps the data.
     aof: bool,
+    /// The port of the primary this one replicates (`--replicaof`), if any.
+    primary: Option<u16>,
 }
 
 impl RedisServer {
     /// Starts one (append-only file on when `aof`); none when the binary is missing outside CI.
     pub fn start(aof: bool) -> Option<RedisServer> {
+        RedisServer::start_with(aof, None)
+    }
+
+    /// Starts a replica of `primary` (`--replicaof`), without an append-only file.
+    pub fn start_replica_of(primary: &RedisServer) -> Option<RedisServer> {
+        RedisServer::start_with(false, Some(primary.port))
+    }
+
+    fn start_with(aof: bool, primary: Option<u16>) -> Option<RedisServer> {
         if Command::new("redis-server")
             .arg("--version")
             .stdout(Stdio::null())
@@ -45,6 +56,7 @@ impl RedisServer {
             port,
             dir,
             aof,
+            primary,
         };
         server.spawn();
         Some(server)
@@ -56,6 +68,14 @@ impl RedisServer {
             .args(["--save", "", "--daemonize", "no", "--protected-mode", "no"])
             .args(["--appendonly", if self.aof { "yes" } else { "no" }])
             .args(["--appendfsync", "everysec"])
+            .args(match self.primary {
+                Some(port) => vec![
+                    "--replicaof".to_owned(),
+                    "127.0.0.1".into(),
+                    port.to_string(),
+                ],
+                None => Vec::new(),
+            })
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())

@@ -75,7 +75,8 @@ impl Appender {
     fn wait_for(&mut self, record: Vec<u8>, waiter: Waiter) -> (u64, String, Vec<u8>) {
         let number = self.next_number;
         self.next_number += 1;
-        self.waiters.lock().insert(number, waiter);
+        let confirmed = !self.config.waits_for_replicas();
+        self.waiters.register(number, waiter, confirmed);
         (number, format!("{}:{number}", self.replica), record)
     }
 
@@ -95,17 +96,18 @@ impl Appender {
             Ok((stream, positions))
         });
         match appended {
-            Ok((stream, _)) => self.stream = Some(stream),
+            Ok((stream, _)) => {
+                self.stream = Some(stream);
+                if self.config.waits_for_replicas() {
+                    self.waiters.confirm(&numbers);
+                }
+            }
             Err(error) => {
                 warn!(error = %kv_common::error_chain(&error), changes = numbers.len(), "cannot append to the shared log: refusing the changes (UNAVAILABLE)");
                 crate::observe::event_log_append_failed();
                 let error = Arc::new(error);
-                let mut waiters = self.waiters.lock();
-                for number in numbers {
-                    if let Some(waiter) = waiters.remove(&number) {
-                        waiter.refuse(ChangeError::EventLog(error.clone()));
-                    }
-                }
+                self.waiters
+                    .refuse(&numbers, || ChangeError::EventLog(error.clone()));
             }
         }
     }

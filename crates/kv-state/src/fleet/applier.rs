@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 use super::build::Base;
 use super::freshness::Freshness;
 use super::rollback::Rollback;
-use super::waiters::{Waiter, Waiters};
+use super::waiters::{Outcome, Waiters};
 use crate::apply::apply_record;
 use crate::cell::{AbortOnPanic, IndexCell};
 use crate::clock::now_ms;
@@ -112,11 +112,7 @@ impl Applier {
                     self.ready_at = None;
                     self.epoch = None;
                     self.base = None;
-                    let pending: Vec<Waiter> =
-                        self.waiters.lock().drain().map(|(_, w)| w).collect();
-                    for waiter in pending {
-                        waiter.refuse(ChangeError::LogReset);
-                    }
+                    self.waiters.refuse_all(|| ChangeError::LogReset);
                 }
             }
         }
@@ -206,8 +202,7 @@ impl Applier {
             .origin
             .strip_prefix(self.replica.as_str())
             .and_then(|rest| rest.strip_prefix(':'))
-            .and_then(|number| number.parse::<u64>().ok())
-            .and_then(|number| self.waiters.lock().remove(&number));
+            .and_then(|number| number.parse::<u64>().ok());
         match result {
             Ok((applied, stats)) => {
                 crate::observe::index_size(stats);
@@ -216,14 +211,15 @@ impl Applier {
                 {
                     self.skip(&entry, &error.to_string());
                 }
-                if let Some(waiter) = waiter {
-                    waiter.answer(applied, stats);
+                if let Some(number) = waiter {
+                    self.waiters
+                        .applied(number, Outcome::Applied(applied, stats));
                 }
             }
             Err(why) => {
                 self.skip(&entry, &why);
-                if let Some(waiter) = waiter {
-                    waiter.refuse(ChangeError::LogReset);
+                if let Some(number) = waiter {
+                    self.waiters.applied(number, Outcome::Lost);
                 }
             }
         }

@@ -68,7 +68,7 @@ pub fn start(
     let (worker_ttl, snapshot_interval) = (settings.worker_ttl, settings.snapshot_interval);
     let replica = format!("{:016x}", rand::random::<u64>());
     let freshness = Arc::new(Freshness::new(fleet.max_lag));
-    let waiters: Waiters = Arc::default();
+    let waiters = Waiters::default();
     let stop = Arc::new(AtomicBool::new(false));
     info!(
         replica,

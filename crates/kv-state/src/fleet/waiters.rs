@@ -44,5 +44,91 @@ impl Waiter {
     }
 }
 
-/// The jobs waiting for their entries, by this replica's number for them.
-pub(super) type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
+/// What applying a job's entry did, or that it was lost (it did not decode).
+pub(super) enum Outcome {
+    Applied(Result<Applied, ChangeError>, IndexStats),
+    Lost,
+}
+
+/// A job, and what its entry did once applied if it may not be answered yet.
+struct Slot {
+    waiter: Waiter,
+    /// The append is as durable as asked (`KV_INDEXER_EVENT_LOG_MIN_REPLICAS`): answer when
+    /// applied.
+    confirmed: bool,
+    outcome: Option<Outcome>,
+}
+
+impl Slot {
+    fn answer(self, outcome: Outcome) {
+        match outcome {
+            Outcome::Applied(result, stats) => self.waiter.answer(result, stats),
+            Outcome::Lost => self.waiter.refuse(ChangeError::LogReset),
+        }
+    }
+}
+
+/// The jobs waiting for their entries, by this replica's number for them. A job is answered
+/// once its entry is applied and its append confirmed (with `MIN_REPLICAS` the applier may
+/// read an entry before its Redis replicas hold it: the answer then waits for the appender).
+#[derive(Clone, Default)]
+pub(super) struct Waiters(Arc<Mutex<HashMap<u64, Slot>>>);
+
+impl Waiters {
+    /// Registers `waiter` under `number`; `confirmed`: no confirmation to wait for.
+    pub(super) fn register(&self, number: u64, waiter: Waiter, confirmed: bool) {
+        let slot = Slot {
+            waiter,
+            confirmed,
+            outcome: None,
+        };
+        self.0.lock().insert(number, slot);
+    }
+
+    /// The applier applied `number`'s entry: answers it, or keeps the outcome until confirmed.
+    pub(super) fn applied(&self, number: u64, outcome: Outcome) {
+        let mut slots = self.0.lock();
+        let Some(slot) = slots.get_mut(&number) else {
+            return;
+        };
+        if slot.confirmed {
+            let slot = slots.remove(&number).expect("found above");
+            slot.answer(outcome);
+        } else {
+            slot.outcome = Some(outcome);
+        }
+    }
+
+    /// The appender's appends of `numbers` are as durable as asked: answers those applied.
+    pub(super) fn confirm(&self, numbers: &[u64]) {
+        let mut slots = self.0.lock();
+        for number in numbers {
+            let Some(slot) = slots.get_mut(number) else {
+                continue;
+            };
+            match slot.outcome.take() {
+                Some(outcome) => slots.remove(number).expect("found above").answer(outcome),
+                None => slot.confirmed = true,
+            }
+        }
+    }
+
+    /// Refuses the jobs `numbers` (applied or not: the caller retries, the gate sees a
+    /// duplicate).
+    pub(super) fn refuse(&self, numbers: &[u64], error: impl Fn() -> ChangeError) {
+        let mut slots = self.0.lock();
+        for number in numbers {
+            if let Some(slot) = slots.remove(number) {
+                slot.waiter.refuse(error());
+            }
+        }
+    }
+
+    /// Refuses every waiting job.
+    pub(super) fn refuse_all(&self, error: impl Fn() -> ChangeError) {
+        let pending: Vec<Slot> = self.0.lock().drain().map(|(_, slot)| slot).collect();
+        for slot in pending {
+            slot.waiter.refuse(error());
+        }
+    }
+}
