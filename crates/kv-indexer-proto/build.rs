@@ -17,9 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         fds.encode_to_vec(),
     )?;
 
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
+        .build_client(grpc)
+        .build_server(grpc)
         .compile_fds(fds)?;
     Ok(())
 }

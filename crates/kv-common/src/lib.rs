@@ -9,6 +9,7 @@
 
 pub mod secret;
 pub mod signal;
+#[cfg(feature = "telemetry")]
 pub mod telemetry;
 pub mod throttle;
 
