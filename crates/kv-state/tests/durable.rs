@@ -17,30 +17,10 @@ use kv_state::settings::{Settings, SyncPolicy};
 use kv_testkit::indexer::{CLEAR, DRAM, HBM, REPORT, REVOKE, action, apply_request as apply};
 use proptest::prelude::*;
 
-use common::{State, report};
+use common::{State, dir_settings, report};
 
-/// A fresh, empty directory under the system's temp dir.
-fn temp_dir(name: &str) -> PathBuf {
-    kv_testkit::temp_dir("kv-state-durable", name)
-}
-
-/// What a crash leaves of `dir` (see [`kv_testkit::crash_image`]).
-fn crash_image(dir: &Path, name: &str) -> PathBuf {
-    kv_testkit::crash_image(dir, "kv-state-durable", name)
-}
-
-/// A state directory, snapshots only when asked for.
-fn settings(dir: &Path) -> Settings {
-    Settings {
-        dir: Some(dir.to_path_buf()),
-        snapshot_interval: None,
-        ..Default::default()
-    }
-}
-
-async fn open(dir: &Path) -> State {
-    State::open(settings(dir)).await.unwrap()
-}
+/// Where this file's directories go (`kv_testkit::temp_dir`, `kv_testkit::crash_image`).
+const PREFIX: &str = "kv-state-durable";
 
 /// A snapshot, written when this returns; its position.
 async fn snapshot(state: &State) -> u64 {
@@ -75,18 +55,18 @@ const QUERY: [i64; 8] = [0, 1, 2, 3, 25, 45, 50, 63];
 
 #[tokio::test]
 async fn a_reopened_state_answers_exactly_what_it_answered_before() {
-    let dir = temp_dir("restart");
-    let state = open(&dir).await;
+    let dir = kv_testkit::temp_dir(PREFIX, "restart");
+    let state = State::open_dir(&dir).await;
     some_history(&state).await;
     let before = state.answers(&QUERY);
     // A crash: the files as they are, no final snapshot.
-    let image = crash_image(&dir, "restart-crash");
+    let image = kv_testkit::crash_image(&dir, PREFIX, "restart-crash");
     state.stop().await;
-    let reopened = open(&dir).await;
+    let reopened = State::open_dir(&dir).await;
     assert_eq!(reopened.answers(&QUERY), before, "after a clean stop");
     assert!(reopened.stats().placements > 0);
     reopened.stop().await;
-    let crashed = open(&image).await;
+    let crashed = State::open_dir(&image).await;
     assert_eq!(crashed.answers(&QUERY), before, "after a crash");
     crashed.stop().await;
 }
@@ -94,10 +74,10 @@ async fn a_reopened_state_answers_exactly_what_it_answered_before() {
 #[tokio::test]
 async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
     for sync in [SyncPolicy::Always, SyncPolicy::Batch, SyncPolicy::Off] {
-        let dir = temp_dir("snapshot");
+        let dir = kv_testkit::temp_dir(PREFIX, "snapshot");
         let with_sync = |dir: &Path| Settings {
             sync,
-            ..settings(dir)
+            ..dir_settings(dir)
         };
         let state = State::open(with_sync(&dir)).await.unwrap();
         some_history(&state).await;
@@ -105,7 +85,7 @@ async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
         assert!(position > 0);
         state.apply(report("w-d", &[0, 1, 2])).await.unwrap();
         let before = state.answers(&QUERY);
-        let image = crash_image(&dir, "snapshot-crash");
+        let image = kv_testkit::crash_image(&dir, PREFIX, "snapshot-crash");
         let snapshots = kv_state::snapshot::list(&image).unwrap().len();
         assert_eq!(snapshots, 1, "older snapshots are deleted");
         state.stop().await;
@@ -126,8 +106,8 @@ fn fenced<T>(result: &Result<T, ChangeError>, incarnation: u64, newest: u64) -> 
 
 #[tokio::test]
 async fn an_older_bridge_incarnation_is_fenced_and_changes_nothing_even_after_a_restart() {
-    let dir = temp_dir("fence");
-    let state = open(&dir).await;
+    let dir = kv_testkit::temp_dir(PREFIX, "fence");
+    let state = State::open_dir(&dir).await;
     let with = |incarnation: Option<u64>, hashes: &[i64]| {
         let mut request = report("w", hashes);
         request.bridge_incarnation = incarnation;
@@ -147,7 +127,7 @@ async fn an_older_bridge_incarnation_is_fenced_and_changes_nothing_even_after_a_
     let refused = state.apply(with(Some(5), &[6])).await;
     assert!(fenced(&refused, 5, 6), "{refused:?}");
     state.stop().await;
-    let reopened = open(&dir).await;
+    let reopened = State::open_dir(&dir).await;
     let refused = reopened.apply(with(Some(5), &[7])).await;
     assert!(fenced(&refused, 5, 6), "after a restart: {refused:?}");
     assert_eq!(reopened.stats().placements, 4);
@@ -156,10 +136,10 @@ async fn an_older_bridge_incarnation_is_fenced_and_changes_nothing_even_after_a_
 
 #[tokio::test]
 async fn a_silent_worker_expires_unless_every_worker_does() {
-    let dir = temp_dir("ttl");
+    let dir = kv_testkit::temp_dir(PREFIX, "ttl");
     let ttl = Settings {
         worker_ttl: Some(Duration::from_millis(1000)),
-        ..settings(&dir)
+        ..dir_settings(&dir)
     };
     let state = State::open(ttl.clone()).await.unwrap();
     state.apply(report("alive", &[1, 2])).await.unwrap();
@@ -190,7 +170,7 @@ async fn a_silent_worker_expires_unless_every_worker_does() {
 
 /// Opens `dir` and expects it to fail with an error naming `needles`; the error.
 async fn refused(dir: &Path, needles: &[&str]) -> StateError {
-    let error = State::open(settings(dir))
+    let error = State::open(dir_settings(dir))
         .await
         .err()
         .expect("opening must fail");
@@ -209,13 +189,13 @@ async fn corrupt(dir: &Path, needles: &[&str]) {
 
 /// A directory with history, a snapshot and a log after it, and the files' paths.
 async fn state_with_snapshot(name: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let dir = temp_dir(name);
-    let state = open(&dir).await;
+    let dir = kv_testkit::temp_dir(PREFIX, name);
+    let state = State::open_dir(&dir).await;
     some_history(&state).await;
     snapshot(&state).await;
     state.apply(report("w-e", &[1, 2, 3])).await.unwrap();
     state.apply(report("w-e", &[4, 5, 6])).await.unwrap();
-    let image = crash_image(&dir, name);
+    let image = kv_testkit::crash_image(&dir, PREFIX, name);
     state.stop().await;
     let file = |suffix: &str| {
         let mut found: Vec<PathBuf> = std::fs::read_dir(&image)
@@ -263,7 +243,7 @@ async fn corruption_stops_start_up_naming_the_file_and_a_torn_tail_is_cut() {
         .unwrap()
         .set_len(len - 5)
         .unwrap();
-    let state = open(&dir).await;
+    let state = State::open_dir(&dir).await;
     let held = state.export();
     let w_e = held.workers.iter().find(|w| w.id == "w-e").unwrap();
     let hashes: Vec<i64> = w_e.held[0].iter().map(|h| h.hash).collect();
@@ -283,7 +263,7 @@ async fn the_discard_setting_moves_a_corrupt_state_aside_and_starts_empty() {
     std::fs::write(&snap, bytes).unwrap();
     let state = State::open(Settings {
         discard_corrupt: true,
-        ..settings(&dir)
+        ..dir_settings(&dir)
     })
     .await
     .unwrap();
@@ -300,8 +280,8 @@ async fn the_discard_setting_moves_a_corrupt_state_aside_and_starts_empty() {
 
 #[tokio::test]
 async fn a_second_state_on_the_same_directory_is_refused() {
-    let dir = temp_dir("lock");
-    let state = open(&dir).await;
+    let dir = kv_testkit::temp_dir(PREFIX, "lock");
+    let state = State::open_dir(&dir).await;
     let error = refused(&dir, &["held by another live kv-indexer-server"]).await;
     assert!(
         matches!(error, StateError::Dir(DirError::Locked { .. })),
@@ -310,7 +290,7 @@ async fn a_second_state_on_the_same_directory_is_refused() {
     assert!(!error.is_corruption(), "a held lock is not corruption");
     state.stop().await;
     // Stopped, the directory is free again.
-    open(&dir).await.stop().await;
+    State::open_dir(&dir).await.stop().await;
 }
 
 /// One step of the property test.
@@ -342,8 +322,8 @@ fn step() -> impl Strategy<Value = Step> {
 /// acknowledged changes; after every crash (recovery from a crash image of the directory) and
 /// at the end, the two must hold the same.
 async fn recovered_equals_acknowledged(steps: Vec<Step>) {
-    let mut dir = temp_dir("prop");
-    let mut state = open(&dir).await;
+    let mut dir = kv_testkit::temp_dir(PREFIX, "prop");
+    let mut state = State::open_dir(&dir).await;
     let mut reference = Index::new();
     for step in steps {
         match step {
@@ -370,10 +350,10 @@ async fn recovered_equals_acknowledged(steps: Vec<Step>) {
                 snapshot(&state).await;
             }
             Step::Crash => {
-                let image = crash_image(&dir, "prop-crash");
+                let image = kv_testkit::crash_image(&dir, PREFIX, "prop-crash");
                 state.stop().await;
                 dir = image;
-                state = open(&dir).await;
+                state = State::open_dir(&dir).await;
                 assert_eq!(
                     state.export().canonical(),
                     reference.export().canonical(),

@@ -7,8 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{State, apply_retrying, numbered, report, revoke};
-use kv_state::error::ChangeError;
+use common::{State, apply_retrying, assert_gap, numbered, report, revoke};
 use kv_state::settings::{FleetSettings, Settings};
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
@@ -78,17 +77,7 @@ async fn a_rolled_back_log_leaves_no_over_claim_and_the_bridge_re_syncs() {
 
     // The bridge's next batch is past the next the log knows: ABORTED, and it re-syncs.
     let answer = apply_retrying(&one, numbered(report("w", &[601]), 4)).await;
-    assert!(
-        matches!(
-            answer,
-            Err(ChangeError::Gap {
-                expected: 2,
-                got: 4,
-                ..
-            })
-        ),
-        "{answer:?}"
-    );
+    assert_gap(&answer, 2, 4);
     let now: Vec<i64> = (201..=600).collect();
     apply_retrying(&two, numbered(report("w", &now), 5))
         .await

@@ -6,6 +6,7 @@
 //! - [`indexer`]: the real server on a [`port::Port`] in this process, with a raw gRPC client
 //!   and what tests ask of it (what a worker holds, how many workers it knows), and the
 //!   requests tests send;
+//! - [`booted`]: the server booted from a state directory or a shared log, with a client;
 //! - [`worker`]: the fake SGLang worker (a ZMQ PUB and a replay ROUTER), SGLang's batch
 //!   encoding, and the live messages captured off a real one;
 //! - [`bridge`]: the real bridge in this process, configured by its flags;
@@ -18,6 +19,7 @@
 //! - [`temp_dir`] and [`crash_image`]: fresh directories, and what a crash leaves of a state
 //!   directory.
 
+pub mod booted;
 pub mod bridge;
 pub mod fixtures;
 pub mod h2;

@@ -5,29 +5,23 @@
 //! fencing, expiry, corruption, the lock, the crash property test) is tested through its own
 //! API in `kv-state`'s tests.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
 use kv_server::service::Shared;
 use kv_server::{Config, boot, server};
+use kv_testkit::booted::BootedServer;
+use kv_testkit::indexer::prefix_request;
 use kv_testkit::indexer::{CLEAR, DRAM, HBM, REPORT, REVOKE, action, apply_request as apply};
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
 
-/// A fresh, empty directory under the system's temp dir.
-fn temp_dir(name: &str) -> PathBuf {
-    kv_testkit::temp_dir("kv-durable", name)
-}
-
-/// What a crash leaves of `dir` (see [`kv_testkit::crash_image`]).
-fn crash_image(dir: &Path, name: &str) -> PathBuf {
-    kv_testkit::crash_image(dir, "kv-durable", name)
-}
+/// Where this file's directories go (`kv_testkit::temp_dir`, `kv_testkit::crash_image`).
+const PREFIX: &str = "kv-durable";
 
 fn config(dir: &Path) -> Config {
     Config {
@@ -40,81 +34,28 @@ fn config(dir: &Path) -> Config {
     }
 }
 
-/// A server with a state directory on `127.0.0.1:0`.
-struct Durable {
-    shared: Arc<Shared>,
-    client: KvIndexerClient<Channel>,
-    stop: CancellationToken,
-    task: JoinHandle<Result<(), kv_server::error::StartError>>,
-}
-
-impl Durable {
-    async fn start(config: Config) -> Durable {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared::new(&config).unwrap());
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(server::run(
-            listener,
-            shared.clone(),
-            stop.clone().cancelled_owned(),
-        ));
-        boot::boot(&shared, &config).await.unwrap();
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        Durable {
-            shared,
-            client: KvIndexerClient::new(channel),
-            stop,
-            task,
-        }
-    }
-
-    /// SIGTERM's path: drain, final snapshot.
-    async fn stop(self) {
-        self.stop.cancel();
-        self.task.await.unwrap().unwrap();
-        self.shared.writer().unwrap().stop().await.unwrap();
-    }
-
-    async fn apply(&mut self, request: pb::ApplyExternalKvBatchRequest) -> Result<(), Code> {
-        self.client
-            .apply_external_kv_batch(request)
-            .await
-            .map(|_| ())
-            .map_err(|status| status.code())
-    }
-
-    /// Every answer a router can get for `hashes`, and the digest.
-    async fn answers(&mut self, hashes: &[i64]) -> String {
-        let (hashes, client) = (hashes.to_vec(), &mut self.client);
-        let prefix = pb::MatchExternalKvPrefixRequest {
-            hashes: hashes.clone(),
-            max_blocks: 0,
-            max_matches: None,
-        };
-        let prefix = client.match_external_kv_prefix(prefix).await;
-        let exact = pb::MatchExternalKvRequest {
-            hashes: hashes.clone(),
-            count_as_hit: false,
-        };
-        let exact = client.match_external_kv(exact).await;
-        let hits = pb::GetExternalKvHitCountsRequest { hashes };
-        let hits = client.get_external_kv_hit_counts(hits).await;
-        let answers = [
-            prefix.map(|r| format!("{:?}", r.into_inner())),
-            exact.map(|r| format!("{:?}", r.into_inner())),
-            hits.map(|r| format!("{:?}", r.into_inner())),
-        ];
-        format!("{answers:?}\n{}", self.shared.digest())
-    }
+/// Every answer a router can get for `hashes`, and the digest.
+async fn answers(server: &mut BootedServer, hashes: &[i64]) -> String {
+    let (hashes, client) = (hashes.to_vec(), &mut server.client);
+    let prefix = prefix_request(hashes.clone());
+    let prefix = client.match_external_kv_prefix(prefix).await;
+    let exact = pb::MatchExternalKvRequest {
+        hashes: hashes.clone(),
+        count_as_hit: false,
+    };
+    let exact = client.match_external_kv(exact).await;
+    let hits = pb::GetExternalKvHitCountsRequest { hashes };
+    let hits = client.get_external_kv_hit_counts(hits).await;
+    let answers = [
+        prefix.map(|r| format!("{:?}", r.into_inner())),
+        exact.map(|r| format!("{:?}", r.into_inner())),
+        hits.map(|r| format!("{:?}", r.into_inner())),
+    ];
+    format!("{answers:?}\n{}", server.shared.digest())
 }
 
 /// Some history: reports on two tiers, a revoke in the middle of a chain, a clear, hits.
-async fn some_history(server: &mut Durable) {
+async fn some_history(server: &mut BootedServer) {
     let chain: Vec<i64> = (0..64).collect();
     server
         .apply(apply("w-a", vec![action(REPORT, HBM, &chain)]))
@@ -155,23 +96,23 @@ const QUERY: [i64; 8] = [0, 1, 2, 3, 25, 45, 50, 63];
 
 #[tokio::test]
 async fn a_restart_answers_exactly_what_the_server_answered_before() {
-    let dir = temp_dir("restart");
-    let mut server = Durable::start(config(&dir)).await;
+    let dir = kv_testkit::temp_dir(PREFIX, "restart");
+    let mut server = BootedServer::start(config(&dir)).await;
     some_history(&mut server).await;
-    let before = server.answers(&QUERY).await;
+    let before = answers(&mut server, &QUERY).await;
     // A crash: the files as they are, no final snapshot.
-    let image = crash_image(&dir, "restart-crash");
+    let image = kv_testkit::crash_image(&dir, PREFIX, "restart-crash");
     server.stop().await;
-    let mut restarted = Durable::start(config(&dir)).await;
+    let mut restarted = BootedServer::start(config(&dir)).await;
     assert_eq!(
-        restarted.answers(&QUERY).await,
+        answers(&mut restarted, &QUERY).await,
         before,
         "after a clean stop"
     );
     assert!(restarted.shared.index_stats().placements > 0);
     restarted.stop().await;
-    let mut crashed = Durable::start(config(&image)).await;
-    assert_eq!(crashed.answers(&QUERY).await, before, "after a crash");
+    let mut crashed = BootedServer::start(config(&image)).await;
+    assert_eq!(answers(&mut crashed, &QUERY).await, before, "after a crash");
     crashed.stop().await;
 }
 
@@ -179,7 +120,7 @@ async fn a_restart_answers_exactly_what_the_server_answered_before() {
 async fn answers_unavailable_and_not_serving_until_the_state_is_loaded() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let config = config(&temp_dir("ready"));
+    let config = config(&kv_testkit::temp_dir(PREFIX, "ready"));
     let shared = Arc::new(Shared::new(&config).unwrap());
     let stop = CancellationToken::new();
     tokio::spawn(server::run(
@@ -232,7 +173,7 @@ async fn answers_unavailable_and_not_serving_until_the_state_is_loaded() {
 
 #[tokio::test]
 async fn an_older_bridge_incarnation_is_answered_failed_precondition() {
-    let mut server = Durable::start(config(&temp_dir("fence"))).await;
+    let mut server = BootedServer::start(config(&kv_testkit::temp_dir(PREFIX, "fence"))).await;
     let with = |incarnation: u64, hashes: &[i64]| {
         let mut request = apply("w", vec![action(REPORT, HBM, hashes)]);
         request.bridge_incarnation = Some(incarnation);

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+use std::path::Path;
 use std::sync::Arc;
 
 use kv_index::{IndexStats, NodeMatch, PrefixAnswer};
@@ -25,6 +26,11 @@ pub struct State {
 }
 
 impl State {
+    /// Opens a state directory that snapshots only when asked ([`dir_settings`]).
+    pub async fn open_dir(dir: &Path) -> State {
+        State::open(dir_settings(dir)).await.unwrap()
+    }
+
     /// Opens the state `settings` name over a new cell (on the blocking pool: recovery blocks).
     pub async fn open(settings: Settings) -> Result<State, StateError> {
         let cell = kv_state::cell::empty();
@@ -138,4 +144,20 @@ pub async fn apply_retrying(
         }
     })
     .await
+}
+
+/// A state directory, snapshots only when asked for.
+pub fn dir_settings(dir: &Path) -> Settings {
+    Settings {
+        dir: Some(dir.to_path_buf()),
+        snapshot_interval: None,
+        ..Default::default()
+    }
+}
+
+/// Asserts that `answer` is the sequence gate's ABORTED for batch `got` where `expected` was
+/// due.
+pub fn assert_gap(answer: &Result<(), ChangeError>, expected: u64, got: u64) {
+    let gap = matches!(answer, Err(ChangeError::Gap { expected: e, got: g, .. }) if *e == expected && *g == got);
+    assert!(gap, "not a gap at {expected} (got {got}): {answer:?}");
 }
