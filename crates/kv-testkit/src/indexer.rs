@@ -100,7 +100,7 @@ impl TestIndexer {
         let port = Port::reserve();
         let port_url = port.url();
         let mut indexer = TestIndexer {
-            shared: server::shared(&config),
+            shared: opened(&config),
             addr: port.addr(),
             port,
             config,
@@ -112,8 +112,8 @@ impl TestIndexer {
         indexer
     }
 
+    /// Serves `self.shared` on the port.
     fn serve(&mut self) {
-        self.shared = server::shared(&self.config);
         self.stop = CancellationToken::new();
         self.channel = lazy(self.port.url());
         self.task = Some(tokio::spawn(server::run(
@@ -229,22 +229,51 @@ impl TestIndexer {
         self.stop.cancel();
     }
 
-    /// Stops the server and waits until it has drained (its run ended without an error). The
-    /// port stays reserved: connections are refused until [`restart`](Self::restart).
+    /// Stops the server and waits until it has drained (its run ended without an error) and
+    /// its state is stopped (a state directory: snapshotted and unlocked). The port stays
+    /// reserved: connections are refused until [`restart`](Self::restart).
     pub async fn shut_down(&mut self) {
         self.stop.cancel();
         if let Some(task) = self.task.take() {
             task.await
                 .expect("the server task did not panic")
                 .expect("the server stopped cleanly");
+            if let Ok(writer) = self.shared.writer() {
+                writer.stop().await.expect("the state stopped cleanly");
+            }
         }
     }
 
-    /// A new server with an empty index on the same address (shut down first if running).
+    /// A new server on the same address (shut down first if running), with the state its
+    /// configuration names: an empty index, or what its state directory holds.
     pub async fn restart(&mut self) {
         self.shut_down().await;
+        self.shared = opened(&self.config);
         self.serve();
     }
+
+    /// [`restart`](Self::restart) with `config` from now on (another state directory, say).
+    pub async fn restart_with(&mut self, config: Config) {
+        self.shut_down().await;
+        self.config = config;
+        self.shared = opened(&self.config);
+        self.serve();
+    }
+}
+
+/// Shared state for a server with `config`, ready at once: the state its configuration names
+/// opened as the server opens it (memory, or a state directory recovered here; a shared log is
+/// not for this kit's single server).
+fn opened(config: &Config) -> Arc<Shared> {
+    assert!(
+        config.state.fleet.is_none(),
+        "TestIndexer runs one server, not a replica"
+    );
+    let shared = Arc::new(Shared::new(config).expect("starting the query threads"));
+    let opened = kv_state::open::open(&shared.index_cell(), &config.state)
+        .expect("opening the test indexer's state");
+    shared.install(opened.writer);
+    shared
 }
 
 /// A gRPC server with the health service and without KVIndexer, on a port of its own: every

@@ -87,7 +87,15 @@ struct Setup {
 
 impl Setup {
     async fn start(worker: FakeWorker, tune: impl FnOnce(BridgeFlags) -> BridgeFlags) -> Setup {
-        let server = TestIndexer::start().await;
+        Setup::on(TestIndexer::start().await, worker, tune).await
+    }
+
+    /// The bridge of `worker` against `server`.
+    async fn on(
+        server: TestIndexer,
+        worker: FakeWorker,
+        tune: impl FnOnce(BridgeFlags) -> BridgeFlags,
+    ) -> Setup {
         let mut worker = worker;
         let bridge = tune(flags(&server.url(), &worker)).start();
         worker.wait_subscribed(&bridge.stats).await;
@@ -125,6 +133,12 @@ impl Setup {
 
     async fn stop(self) {
         self.bridge.stop().await;
+    }
+
+    /// Publishes a batch and keeps it in the replay buffer, as SGLang's publisher does.
+    async fn publish_buffered(&mut self, seq: u64, payload: Vec<u8>) {
+        self.worker.buffer().lock().push((seq, payload.clone()));
+        self.worker.publish(seq, &payload).await;
     }
 
     /// Waits until the index shows what every message of `captured` leaves the worker holding.
@@ -402,6 +416,50 @@ async fn delivers_every_queued_batch_in_order_after_a_server_restart() {
     setup
         .stop_after_clears(1, "nothing was dropped: only the start-up clear")
         .await;
+}
+
+/// The server comes back on an older copy of its state directory: it claims blocks the worker
+/// has since dropped and lacks ones it stored, and the bridge was told those batches were
+/// applied. The bridge's next numbered apply shows the gap: the server clears the worker and
+/// answers ABORTED, the bridge re-syncs from the publisher's buffer, and the index ends equal
+/// to the worker's cache.
+#[tokio::test]
+async fn a_server_on_an_older_state_directory_makes_the_bridge_re_sync() {
+    let dir = kv_testkit::temp_dir("kv-bridge-resync", "state");
+    let config = |dir: &std::path::Path| kv_server::Config {
+        state: kv_state::settings::Settings {
+            dir: Some(dir.to_path_buf()),
+            snapshot_interval: None,
+            ..Default::default()
+        },
+        ..kv_server::Config::default()
+    };
+    let server = TestIndexer::with_config(config(&dir)).await;
+    let mut setup = Setup::on(server, FakeWorker::with_replay().await, |flags| flags).await;
+    let universe: BTreeSet<i64> = (1..=10).collect();
+    let mut events = vec![stored(&[1, 2, 3, 4], "GPU")];
+    setup.publish_buffered(0, batch(events.clone())).await;
+    setup.wait_for(&simulate(&events), &universe).await;
+    // What a restore from an older volume snapshot would bring back.
+    setup.server.shut_down().await;
+    let older = kv_testkit::crash_image(&dir, "kv-bridge-resync", "older");
+    setup.server.restart().await;
+    for (seq, event) in [(1, removed(&[1, 2], "GPU")), (2, stored(&[5], "GPU"))] {
+        events.push(event.clone());
+        setup.publish_buffered(seq, batch(vec![event])).await;
+    }
+    let now = simulate(&events);
+    setup.wait_for(&now, &universe).await;
+
+    setup.server.restart_with(config(&older)).await;
+    // The heartbeats (every 200 ms) are numbered too: the first one after the restart shows
+    // the gap, and the re-sync replays the publisher's buffer onto the cleared worker.
+    setup.wait_for(&now, &universe).await;
+    assert!(
+        Stats::get(&setup.bridge.stats.clears) >= 2,
+        "the start-up clear and the re-sync"
+    );
+    setup.stop().await;
 }
 
 #[tokio::test]
