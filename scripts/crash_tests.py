@@ -18,6 +18,10 @@ Per case:
 5. routing through the restart window: requests through the router while the server is killed
    and restarted again; the router's decisions by reason (blind = the Indexer gave no signal).
 
+And `older-state`: the server restarted on an older copy of its state directory (a restored
+volume snapshot): the time until nothing is over-claimed (the bridges re-sync at their next
+numbered apply), then over- and under-claims once settled.
+
 And `worker-gone`: a worker and its bridge killed for good, with KV_INDEXER_WORKER_TTL_S=3:
 its placements must be gone after the TTL and a sweep (0 phantom placements), the live
 worker's exact, and still gone after a restart.
@@ -30,6 +34,7 @@ Only the Python standard library; the binaries are built with cargo (release) un
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -199,6 +204,56 @@ def worker_gone(args, logs_root, seed, ttl_s=3):
         ft.stop_all()
 
 
+def over_claims(fleet, traffic):
+    """(over-claimed, under-claimed) placements of the index against every worker's view now."""
+    workers = fleet.worker_views()
+    universe = traffic.universe | {h for v in workers.values() for _, h in v}
+    _, _, over, under, _ = ft.compare(workers, fleet.index_view(universe))
+    return over, under
+
+
+def older_state(args, logs_root, seed, capacity_tokens=4096):
+    """The server restarted on an older copy of its state directory (a restored volume
+    snapshot): it claims what the workers dropped since, and its bridges were told those
+    batches were applied. Their next numbered apply shows the gap; the worker is cleared and
+    re-synced from its publisher's buffer. Small caches, so the workers evict (drop) blocks."""
+    logs = os.path.join(logs_root, "older-state")
+    os.makedirs(logs)
+    state_dir = os.path.join(logs, "state")
+    admin = f"{ft.HOST}:{args.base_port + 1}"
+    small = argparse.Namespace(**{**vars(args), "capacity_tokens": capacity_tokens,
+                                  "host_capacity_tokens": capacity_tokens})
+    fleet = ft.Fleet(small, logs, server_extra=["--state-dir", state_dir, "--metrics-addr", admin])
+    traffic = ft.Traffic(small, seed)
+    try:
+        traffic.burst(fleet.urls, args.before)
+        ft.settle(fleet, traffic, time.time(), small)
+        fleet.server.popen.send_signal(signal.SIGTERM)
+        fleet.server.popen.wait(timeout=30)
+        older = os.path.join(logs, "state-older")
+        shutil.copytree(state_dir, older, ignore=shutil.ignore_patterns("LOCK"))
+        fleet.server.start()
+        wait_ready(admin)
+        traffic.burst(fleet.urls, args.before)
+        newer = ft.settle(fleet, traffic, time.time(), small)
+        fleet.server.popen.send_signal(signal.SIGTERM)
+        fleet.server.popen.wait(timeout=30)
+        shutil.rmtree(state_dir)
+        shutil.copytree(older, state_dir)
+        fleet.server.start()
+        to_serving = wait_ready(admin)
+        served = time.time()
+        over_at_start, _ = over_claims(fleet, traffic)
+        ft.wait_until(lambda: over_claims(fleet, traffic)[0] == 0, "no over-claim", timeout=30, interval=0.05)
+        over_zero_s = time.time() - served
+        settled = ft.settle(fleet, traffic, time.time(), small)
+        return dict(before=newer["expected"], over_at_start=over_at_start, over_zero_s=over_zero_s,
+                    to_serving=to_serving, over=settled["over"], under=settled["under"],
+                    digest=state(admin)["digest"])
+    finally:
+        ft.stop_all()
+
+
 def routing_window(args, fleet, traffic, router_url, admin):
     """Requests through the router while the server is killed and restarted: decisions by reason."""
     before = router_decisions(router_url)
@@ -234,8 +289,8 @@ def routing_window(args, fleet, traffic, router_url, admin):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default=",".join([*CASES, "worker-gone"]),
-                    help="comma-separated cases: " + ", ".join(CASES) + ", worker-gone")
+    ap.add_argument("--only", default=",".join([*CASES, "worker-gone", "older-state"]),
+                    help="comma-separated cases: " + ", ".join(CASES) + ", worker-gone, older-state")
     ft.add_fleet_args(ap, workers=2, base_port=47600, docs=24, capacity_tokens=1 << 20,
                       host_capacity_tokens=1 << 20, stable_s=3.0, deadline_s=40.0, poll_s=0.2, seed=11)
     ap.add_argument("--before", type=int, default=40)
@@ -244,7 +299,7 @@ def main():
     args = ap.parse_args()
     cases = [c for c in args.only.split(",") if c]
     for c in cases:
-        if c not in CASES and c != "worker-gone":
+        if c not in CASES and c not in ("worker-gone", "older-state"):
             ap.error(f"unknown case {c!r}")
     ft.build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools", "kv-indexer-router")
     logs_root = tempfile.mkdtemp(prefix="kv-crash-tests-")
@@ -260,6 +315,18 @@ def main():
             failed |= bool(g["over"] or g["under"] or g["phantom_after_restart"] or not g["phantom_at_kill"])
         except Exception as error:
             print(f"  worker-gone failed: {error}", file=sys.stderr)
+            failed = True
+    if "older-state" in cases:
+        cases.remove("older-state")
+        try:
+            o = older_state(args, logs_root, args.seed)
+            print(f"older-state: the server restarted on an older copy of its state directory: serving after "
+                  f"{o['to_serving']:.2f} s with {o['over_at_start']} over-claimed placements, 0 after "
+                  f"{o['over_zero_s']:.2f} s; settled: over {o['over']}, under {o['under']} of {o['before']}",
+                  file=sys.stderr)
+            failed |= bool(o["over"]) or not o["over_at_start"]
+        except Exception as error:
+            print(f"  older-state failed: {error}", file=sys.stderr)
             failed = True
     case_rows, case_failed = ft.run_cases(cases, lambda name: CASES[name][3],
                                           lambda name, k: run_case(args, name, logs_root, args.seed + k))

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use kv_common::Secret;
+use kv_common::{Secret, read_pem};
 
 use kv_state::settings::{FleetSettings, Settings, SyncPolicy};
 use kv_state::stream::{StreamConfig, StreamConfigError};
@@ -124,6 +124,11 @@ pub struct Args {
     #[arg(long, env = "KV_INDEXER_EVENT_LOG_PASSWORD", hide_env_values = true)]
     pub event_log_password: Option<Secret>,
 
+    /// PEM CA that signs the shared log's TLS certificate (`rediss://`), instead of the
+    /// system's roots.
+    #[arg(long, env = "KV_INDEXER_EVENT_LOG_TLS_CA")]
+    pub event_log_tls_ca: Option<PathBuf>,
+
     /// With a shared log: Redis replicas that must hold an append (`WAIT`, at most 1 s) before
     /// it is answered; fewer is UNAVAILABLE (the bridge retries). 0: answered once the primary
     /// has it (a failover may then drop the last acknowledged changes).
@@ -139,6 +144,8 @@ pub struct Args {
 /// A setting that does not hold.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error(transparent)]
+    Pem(#[from] kv_common::PemError),
     #[error(transparent)]
     Access(#[from] AccessError),
     #[error(transparent)]
@@ -209,12 +216,7 @@ impl Config {
         let fleet = match &args.event_log {
             None => None,
             Some(url) => Some(FleetSettings {
-                stream: StreamConfig::new(
-                    url,
-                    &args.event_log_key,
-                    args.event_log_password.as_ref().map(|p| p.expose()),
-                )?
-                .with_min_replicas(args.event_log_min_replicas),
+                stream: event_log(url, args)?,
                 max_lag: Duration::from_millis(args.max_lag_ms),
             }),
         };
@@ -245,6 +247,17 @@ impl Config {
             },
         })
     }
+}
+
+/// The shared log `url` with the password, CA and replica count `args` give.
+fn event_log(url: &str, args: &Args) -> Result<StreamConfig, ConfigError> {
+    let password = args.event_log_password.as_ref().map(|p| p.expose());
+    let stream = StreamConfig::new(url, &args.event_log_key, password)?
+        .with_min_replicas(args.event_log_min_replicas);
+    Ok(match &args.event_log_tls_ca {
+        Some(path) => stream.with_tls_ca(read_pem("KV_INDEXER_EVENT_LOG_TLS_CA", path, "CERTIFICATE")?)?,
+        None => stream,
+    })
 }
 
 /// A number of seconds as a duration, 0 as none.

@@ -55,6 +55,8 @@ pub enum StreamError {
 #[derive(Clone)]
 pub struct StreamConfig {
     client: redis::Client,
+    /// Where the client connects, kept to rebuild it with a CA of its own.
+    info: redis::ConnectionInfo,
     /// The URL without credentials, for messages.
     url: String,
     pub key: String,
@@ -86,6 +88,12 @@ pub enum StreamConfigError {
     },
     #[error("KV_INDEXER_EVENT_LOG_KEY (--event-log-key) must not be empty")]
     EmptyKey,
+    #[error(
+        "KV_INDEXER_EVENT_LOG_TLS_CA (--event-log-tls-ca) needs a rediss:// KV_INDEXER_EVENT_LOG"
+    )]
+    CaWithoutTls,
+    #[error("KV_INDEXER_EVENT_LOG_TLS_CA (--event-log-tls-ca) cannot be used")]
+    Ca(#[source] redis::RedisError),
 }
 
 impl StreamConfig {
@@ -115,12 +123,14 @@ impl StreamConfig {
             }
             None => info,
         };
-        let client = redis::Client::open(info).map_err(|source| StreamConfigError::Url {
-            url: redact(url),
-            source,
-        })?;
+        let client =
+            redis::Client::open(info.clone()).map_err(|source| StreamConfigError::Url {
+                url: redact(url),
+                source,
+            })?;
         Ok(StreamConfig {
             client,
+            info,
             url: redact(url),
             key: key.to_owned(),
             min_replicas: 0,
@@ -164,6 +174,21 @@ impl StreamConfig {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// A `rediss://` log whose server certificate `ca_pem` (PEM) signs, instead of the system's
+    /// roots: a private CA, as engines inside a cluster often have.
+    pub fn with_tls_ca(mut self, ca_pem: Vec<u8>) -> Result<StreamConfig, StreamConfigError> {
+        if !self.url.starts_with("rediss://") {
+            return Err(StreamConfigError::CaWithoutTls);
+        }
+        let certificates = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca_pem),
+        };
+        self.client = redis::Client::build_with_tls(self.info.clone(), certificates)
+            .map_err(StreamConfigError::Ca)?;
+        Ok(self)
     }
 
     /// Whether an append waits for Redis replicas (`with_min_replicas`).
