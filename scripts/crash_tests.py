@@ -254,6 +254,25 @@ def older_state(args, logs_root, seed, capacity_tokens=4096):
         ft.stop_all()
 
 
+def worker_gone_report(g):
+    line = (f"TTL {g['ttl_s']} s; the dead worker's placements {g['phantom_at_kill']} at the kill, "
+            f"0 after {g['purged_after']:.1f} s; {g['phantom_after_restart']} after a restart; the live worker: "
+            f"over {g['over']}, under {g['under']}")
+    return line, bool(g["over"] or g["under"] or g["phantom_after_restart"] or not g["phantom_at_kill"])
+
+
+def older_state_report(o):
+    line = (f"the server restarted on an older copy of its state directory: serving after "
+            f"{o['to_serving']:.2f} s with {o['over_at_start']} over-claimed placements, 0 after "
+            f"{o['over_zero_s']:.2f} s; settled: over {o['over']}, under {o['under']} of {o['before']}")
+    return line, bool(o["over"]) or not o["over_at_start"]
+
+
+# Cases with a report of their own: (name, run, report -> (line, failed)).
+SPECIAL_CASES = [("worker-gone", worker_gone, worker_gone_report),
+                 ("older-state", older_state, older_state_report)]
+
+
 def routing_window(args, fleet, traffic, router_url, admin):
     """Requests through the router while the server is killed and restarted: decisions by reason."""
     before = router_decisions(router_url)
@@ -299,34 +318,22 @@ def main():
     args = ap.parse_args()
     cases = [c for c in args.only.split(",") if c]
     for c in cases:
-        if c not in CASES and c not in ("worker-gone", "older-state"):
+        if c not in CASES and c not in [name for name, _, _ in SPECIAL_CASES]:
             ap.error(f"unknown case {c!r}")
     ft.build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools", "kv-indexer-router")
     logs_root = tempfile.mkdtemp(prefix="kv-crash-tests-")
     signal.signal(signal.SIGTERM, lambda s, _f: (ft.stop_all(), sys.exit(128 + s)))
     rows, failed = [], False
-    if "worker-gone" in cases:
-        cases.remove("worker-gone")
+    for name, run, report in SPECIAL_CASES:
+        if name not in cases:
+            continue
+        cases.remove(name)
         try:
-            g = worker_gone(args, logs_root, args.seed)
-            print(f"worker-gone: TTL {g['ttl_s']} s; the dead worker's placements {g['phantom_at_kill']} at the kill, "
-                  f"0 after {g['purged_after']:.1f} s; {g['phantom_after_restart']} after a restart; the live worker: "
-                  f"over {g['over']}, under {g['under']}", file=sys.stderr)
-            failed |= bool(g["over"] or g["under"] or g["phantom_after_restart"] or not g["phantom_at_kill"])
+            line, bad = report(run(args, logs_root, args.seed))
+            print(f"{name}: {line}", file=sys.stderr)
+            failed |= bad
         except Exception as error:
-            print(f"  worker-gone failed: {error}", file=sys.stderr)
-            failed = True
-    if "older-state" in cases:
-        cases.remove("older-state")
-        try:
-            o = older_state(args, logs_root, args.seed)
-            print(f"older-state: the server restarted on an older copy of its state directory: serving after "
-                  f"{o['to_serving']:.2f} s with {o['over_at_start']} over-claimed placements, 0 after "
-                  f"{o['over_zero_s']:.2f} s; settled: over {o['over']}, under {o['under']} of {o['before']}",
-                  file=sys.stderr)
-            failed |= bool(o["over"]) or not o["over_at_start"]
-        except Exception as error:
-            print(f"  older-state failed: {error}", file=sys.stderr)
+            print(f"  {name} failed: {error}", file=sys.stderr)
             failed = True
     case_rows, case_failed = ft.run_cases(cases, lambda name: CASES[name][3],
                                           lambda name, k: run_case(args, name, logs_root, args.seed + k))

@@ -255,7 +255,11 @@ fn event_log(url: &str, args: &Args) -> Result<StreamConfig, ConfigError> {
     let stream = StreamConfig::new(url, &args.event_log_key, password)?
         .with_min_replicas(args.event_log_min_replicas);
     Ok(match &args.event_log_tls_ca {
-        Some(path) => stream.with_tls_ca(read_pem("KV_INDEXER_EVENT_LOG_TLS_CA", path, "CERTIFICATE")?)?,
+        Some(path) => stream.with_tls_ca(read_pem(
+            "KV_INDEXER_EVENT_LOG_TLS_CA",
+            path,
+            "CERTIFICATE",
+        )?)?,
         None => stream,
     })
 }

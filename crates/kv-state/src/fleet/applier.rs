@@ -238,10 +238,21 @@ impl Applier {
     }
 
     /// Notes what this replica knew before the log lost entries from `lost_from` on (the
-    /// first finding counts, until its workers are cleared).
+    /// first finding counts, until its workers are cleared), and drops its local snapshots:
+    /// they may hold entries of the lost history (the epoch is the same), so the bootstrap
+    /// that follows must not load one (the published snapshot came back with the log).
     pub(super) fn note_rollback(&mut self, lost_from: u64) {
         if self.rollback.is_none() {
             self.rollback = Some(Rollback::new(&self.meta, self.next, lost_from));
+        }
+        if let Some(dir) = self
+            .epoch
+            .as_deref()
+            .and_then(|epoch| self.snapshot_dir(epoch))
+            && let Err(error) = std::fs::remove_dir_all(&dir)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(%error, dir = %dir.display(), "cannot drop the local snapshots of a rolled-back log");
         }
     }
 }

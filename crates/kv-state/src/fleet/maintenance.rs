@@ -142,8 +142,13 @@ impl Applier {
                 Ok(Ok((generation, base))) if generation == self.generation => {
                     self.base = Some(base)
                 }
-                // Built on a history this replica has since dropped.
-                Ok(Ok(_)) => {}
+                // Built on a history this replica has since dropped: its local file must not
+                // be loaded by a later start either.
+                Ok(Ok((_, stale))) => {
+                    if let Some(dir) = self.epoch.as_deref().and_then(|e| self.snapshot_dir(e)) {
+                        let _ = std::fs::remove_file(snapshot::path(&dir, stale.position));
+                    }
+                }
                 Ok(Err(error)) => {
                     warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
                 }

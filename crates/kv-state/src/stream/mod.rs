@@ -24,6 +24,10 @@ use std::time::Duration;
 
 use redis::{Commands, Connection, ConnectionLike, Value};
 
+mod config;
+
+pub use config::{StreamConfig, StreamConfigError};
+
 /// A published snapshot's chunk size.
 pub const CHUNK_BYTES: usize = 4 << 20;
 /// How long the chunks of a snapshot being published live unless the publish completes.
@@ -49,164 +53,6 @@ pub enum StreamError {
     },
     #[error("the shared log at {url}: {what}")]
     Unexpected { url: String, what: String },
-}
-
-/// Where the shared log is and how to reach it.
-#[derive(Clone)]
-pub struct StreamConfig {
-    client: redis::Client,
-    /// Where the client connects, kept to rebuild it with a CA of its own.
-    info: redis::ConnectionInfo,
-    /// The URL without credentials, for messages.
-    url: String,
-    pub key: String,
-    /// Redis replicas that must hold an append before it counts (`WAIT`; 0: none).
-    min_replicas: u32,
-}
-
-impl std::fmt::Debug for StreamConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamConfig")
-            .field("url", &self.url)
-            .field("key", &self.key)
-            .finish()
-    }
-}
-
-/// Why an event-log setting is refused.
-#[derive(Debug, thiserror::Error)]
-pub enum StreamConfigError {
-    #[error(
-        "KV_INDEXER_EVENT_LOG (--event-log) {0:?} must be a redis://host:port/db or rediss:// URL"
-    )]
-    Scheme(String),
-    #[error("KV_INDEXER_EVENT_LOG (--event-log) {url:?} does not parse")]
-    Url {
-        url: String,
-        #[source]
-        source: redis::RedisError,
-    },
-    #[error("KV_INDEXER_EVENT_LOG_KEY (--event-log-key) must not be empty")]
-    EmptyKey,
-    #[error(
-        "KV_INDEXER_EVENT_LOG_TLS_CA (--event-log-tls-ca) needs a rediss:// KV_INDEXER_EVENT_LOG"
-    )]
-    CaWithoutTls,
-    #[error("KV_INDEXER_EVENT_LOG_TLS_CA (--event-log-tls-ca) cannot be used")]
-    Ca(#[source] redis::RedisError),
-}
-
-impl StreamConfig {
-    /// The log at `url` (`redis://` or `rediss://`), under `key`; `password`, when given,
-    /// replaces the URL's.
-    pub fn new(
-        url: &str,
-        key: &str,
-        password: Option<&str>,
-    ) -> Result<StreamConfig, StreamConfigError> {
-        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-            return Err(StreamConfigError::Scheme(redact(url)));
-        }
-        if key.is_empty() {
-            return Err(StreamConfigError::EmptyKey);
-        }
-        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|source| {
-            StreamConfigError::Url {
-                url: redact(url),
-                source,
-            }
-        })?;
-        let info = match password {
-            Some(password) => {
-                let settings = info.redis_settings().clone().set_password(password);
-                info.set_redis_settings(settings)
-            }
-            None => info,
-        };
-        let client =
-            redis::Client::open(info.clone()).map_err(|source| StreamConfigError::Url {
-                url: redact(url),
-                source,
-            })?;
-        Ok(StreamConfig {
-            client,
-            info,
-            url: redact(url),
-            key: key.to_owned(),
-            min_replicas: 0,
-        })
-    }
-
-    /// Every append waits (`WAIT n`, at most [`REPLICA_WAIT`]) until `replicas` Redis replicas
-    /// hold it, and fails when fewer do: an acknowledged change then survives a failover to any
-    /// of them (Redis replicates asynchronously, so without it a failover may drop the last
-    /// acknowledged appends).
-    pub fn with_min_replicas(mut self, replicas: u32) -> StreamConfig {
-        self.min_replicas = replicas;
-        self
-    }
-
-    /// A new connection, with bounded connect, read and write times.
-    pub fn connect(&self) -> Result<Stream, StreamError> {
-        let connection = self
-            .client
-            .get_connection_with_timeout(IO_TIMEOUT)
-            .map_err(self.engine("connecting"))?;
-        connection
-            .set_read_timeout(Some(IO_TIMEOUT + READ_BLOCK))
-            .map_err(self.engine("setting the read timeout"))?;
-        connection
-            .set_write_timeout(Some(IO_TIMEOUT))
-            .map_err(self.engine("setting the write timeout"))?;
-        Ok(Stream {
-            connection,
-            config: self.clone(),
-        })
-    }
-
-    fn engine(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> StreamError + '_ {
-        move |source| StreamError::Engine {
-            url: self.url.clone(),
-            op,
-            source,
-        }
-    }
-
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// A `rediss://` log whose server certificate `ca_pem` (PEM) signs, instead of the system's
-    /// roots: a private CA, as engines inside a cluster often have.
-    pub fn with_tls_ca(mut self, ca_pem: Vec<u8>) -> Result<StreamConfig, StreamConfigError> {
-        if !self.url.starts_with("rediss://") {
-            return Err(StreamConfigError::CaWithoutTls);
-        }
-        let certificates = redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(ca_pem),
-        };
-        self.client = redis::Client::build_with_tls(self.info.clone(), certificates)
-            .map_err(StreamConfigError::Ca)?;
-        Ok(self)
-    }
-
-    /// Whether an append waits for Redis replicas (`with_min_replicas`).
-    pub fn waits_for_replicas(&self) -> bool {
-        self.min_replicas > 0
-    }
-}
-
-/// `url` with any password replaced by `***`.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// One entry read from the stream.
@@ -241,6 +87,34 @@ pub fn id(position: u64) -> String {
 /// The position of the entry with `id` (`0-<n>`, n ≥ 1).
 fn position_of(id: &str) -> Option<u64> {
     id.strip_prefix("0-")?.parse::<u64>().ok()?.checked_sub(1)
+}
+
+impl StreamConfig {
+    /// A new connection, with bounded connect, read and write times.
+    pub fn connect(&self) -> Result<Stream, StreamError> {
+        let connection = self
+            .client
+            .get_connection_with_timeout(IO_TIMEOUT)
+            .map_err(self.engine("connecting"))?;
+        connection
+            .set_read_timeout(Some(IO_TIMEOUT + READ_BLOCK))
+            .map_err(self.engine("setting the read timeout"))?;
+        connection
+            .set_write_timeout(Some(IO_TIMEOUT))
+            .map_err(self.engine("setting the write timeout"))?;
+        Ok(Stream {
+            connection,
+            config: self.clone(),
+        })
+    }
+
+    fn engine(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> StreamError + '_ {
+        move |source| StreamError::Engine {
+            url: self.url.clone(),
+            op,
+            source,
+        }
+    }
 }
 
 impl Stream {
@@ -684,21 +558,5 @@ mod tests {
         assert_eq!(position_of("0-0"), None);
         assert_eq!(position_of("1700000000000-0"), None);
         assert_eq!(position_of("0-x"), None);
-    }
-
-    #[test]
-    fn settings_name_the_problem() {
-        let refused = StreamConfig::new("http://localhost:6379", "k", None).unwrap_err();
-        assert!(refused.to_string().contains("KV_INDEXER_EVENT_LOG"));
-        let refused = StreamConfig::new("redis://localhost:6379", "", None).unwrap_err();
-        assert!(refused.to_string().contains("KV_INDEXER_EVENT_LOG_KEY"));
-        let refused = StreamConfig::new("redis://u:secret@[bad", "k", None).unwrap_err();
-        let text = refused.to_string();
-        assert!(
-            text.contains("does not parse") && !text.contains("secret"),
-            "{text}"
-        );
-        let config = StreamConfig::new("redis://u:secret@localhost:6379/2", "k", None).unwrap();
-        assert_eq!(config.url(), "redis://u:***@localhost:6379/2");
     }
 }
