@@ -21,6 +21,15 @@ pub enum Applied {
 }
 
 impl Applied {
+    /// Logs and counts a re-sync, where a change is applied live (a single server's writer, a
+    /// replica's applier): replay and snapshot building decide the same silently.
+    pub fn note_live(&self) {
+        if let Applied::Resync(gap) = self {
+            crate::observe::sequence_gap();
+            tracing::warn!(%gap, "acknowledged batches of a worker are lost: cleared it, its bridge re-syncs");
+        }
+    }
+
     /// What the caller of an apply is answered: the index's sizes, or a re-sync.
     pub fn answer(self) -> Result<IndexStats, ChangeError> {
         match self {
@@ -48,14 +57,6 @@ pub fn apply_admitted(
             let cleared = clear_all(worker_id)?;
             apply_valid(index, meta, &cleared, time_ms);
             let known = meta.get(worker_id).copied().unwrap_or_default();
-            crate::observe::sequence_gap();
-            tracing::warn!(
-                worker_id,
-                incarnation = known.incarnation,
-                expected,
-                got = known.batch,
-                "acknowledged batches of this worker are lost: cleared it, its bridge re-syncs"
-            );
             Ok(Applied::Resync(ChangeError::Gap {
                 worker_id: worker_id.to_owned(),
                 incarnation: known.incarnation,

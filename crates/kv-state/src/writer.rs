@@ -357,6 +357,9 @@ impl Thread {
             }) => {
                 let applied = apply_admitted(&mut index, &mut self.meta, &valid, gate, time_ms);
                 drop(abort);
+                if let Ok(applied) = &applied {
+                    applied.note_live();
+                }
                 let stats = index.stats();
                 drop(index);
                 crate::observe::index_size(stats);

@@ -206,6 +206,9 @@ impl Applier {
         match result {
             Ok((applied, stats)) => {
                 crate::observe::index_size(stats);
+                if let Ok(applied) = &applied {
+                    applied.note_live();
+                }
                 if let Err(error) = &applied
                     && !matches!(error, ChangeError::Fenced { .. })
                 {
