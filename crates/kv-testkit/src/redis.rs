@@ -101,6 +101,10 @@ impl RedisServer {
         redis::cmd("PING").query(&mut self.connection()?)
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }

@@ -1,10 +1,16 @@
-//! Where the shared log is and how to reach it: the URL (`redis://`, `rediss://`), its key,
-//! password, private CA and the Redis replicas an append waits for, checked as settings.
+//! Where the shared log is and how to reach it: the URL (`redis://`, `rediss://`, or
+//! `redis+sentinel://` for a primary that Redis Sentinel names), its key, password, private CA
+//! and the Redis replicas an append waits for, checked as settings.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 
 /// Where the shared log is and how to reach it.
 #[derive(Clone)]
 pub struct StreamConfig {
-    pub(super) client: redis::Client,
+    pub(super) target: Engine,
     /// Where the client connects, kept to rebuild it with a CA of its own.
     info: redis::ConnectionInfo,
     /// The URL without credentials, for messages.
@@ -12,6 +18,26 @@ pub struct StreamConfig {
     pub key: String,
     /// Redis replicas that must hold an append before it counts (`WAIT`; 0: none).
     pub(super) min_replicas: u32,
+}
+
+/// How a connection finds the engine.
+#[derive(Clone)]
+pub(super) enum Engine {
+    /// One address.
+    Direct(Box<redis::Client>),
+    /// The primary the sentinels name now, asked at every connection: a replica follows a
+    /// failover by reconnecting.
+    Sentinel(Arc<Mutex<SentinelClient>>),
+}
+
+impl Engine {
+    /// A client for the engine's primary now.
+    pub(super) fn client(&self) -> redis::RedisResult<redis::Client> {
+        match self {
+            Engine::Direct(client) => Ok(client.as_ref().clone()),
+            Engine::Sentinel(sentinel) => sentinel.lock().get_client(),
+        }
+    }
 }
 
 impl std::fmt::Debug for StreamConfig {
@@ -27,7 +53,7 @@ impl std::fmt::Debug for StreamConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum StreamConfigError {
     #[error(
-        "KV_INDEXER_EVENT_LOG (--event-log) {0:?} must be a redis://host:port/db or rediss:// URL"
+        "KV_INDEXER_EVENT_LOG (--event-log) {0:?} must be a redis://host:port/db, rediss:// or redis+sentinel://host:port,host:port/<master-name>/<db> URL"
     )]
     Scheme(String),
     #[error("KV_INDEXER_EVENT_LOG (--event-log) {url:?} does not parse")]
@@ -47,25 +73,34 @@ pub enum StreamConfigError {
 }
 
 impl StreamConfig {
-    /// The log at `url` (`redis://` or `rediss://`), under `key`; `password`, when given,
-    /// replaces the URL's.
+    /// The log at `url` (`redis://`, `rediss://` or `redis+sentinel://`), under `key`;
+    /// `password`, when given, replaces the URL's.
     pub fn new(
         url: &str,
         key: &str,
         password: Option<&str>,
     ) -> Result<StreamConfig, StreamConfigError> {
-        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        let sentinel = url.strip_prefix("redis+sentinel://");
+        if !(url.starts_with("redis://") || url.starts_with("rediss://") || sentinel.is_some()) {
             return Err(StreamConfigError::Scheme(redact(url)));
         }
         if key.is_empty() {
             return Err(StreamConfigError::EmptyKey);
         }
-        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|source| {
-            StreamConfigError::Url {
-                url: redact(url),
-                source,
+        let bad = |source| StreamConfigError::Url {
+            url: redact(url),
+            source,
+        };
+        let (sentinels, master, primary) = match sentinel {
+            Some(rest) => {
+                let (sentinels, master, primary) =
+                    parse_sentinel(rest).ok_or_else(|| StreamConfigError::Scheme(redact(url)))?;
+                (sentinels, Some(master), primary)
             }
-        })?;
+            None => (Vec::new(), None, url.to_owned()),
+        };
+        let info =
+            redis::IntoConnectionInfo::into_connection_info(primary.as_str()).map_err(bad)?;
         let info = match password {
             Some(password) => {
                 let settings = info.redis_settings().clone().set_password(password);
@@ -73,13 +108,23 @@ impl StreamConfig {
             }
             None => info,
         };
-        let client =
-            redis::Client::open(info.clone()).map_err(|source| StreamConfigError::Url {
-                url: redact(url),
-                source,
-            })?;
+        let engine = match master {
+            None => Engine::Direct(Box::new(redis::Client::open(info.clone()).map_err(bad)?)),
+            Some(master) => {
+                let node = SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(info.redis_settings().clone());
+                let client = SentinelClient::build(
+                    sentinels,
+                    master,
+                    Some(node),
+                    SentinelServerType::Master,
+                )
+                .map_err(bad)?;
+                Engine::Sentinel(Arc::new(Mutex::new(client)))
+            }
+        };
         Ok(StreamConfig {
-            client,
+            target: engine,
             info,
             url: redact(url),
             key: key.to_owned(),
@@ -87,7 +132,7 @@ impl StreamConfig {
         })
     }
 
-    /// Every append waits (`WAIT n`, at most [`REPLICA_WAIT`]) until `replicas` Redis replicas
+    /// Every append waits (`WAIT n`, at most [`super::REPLICA_WAIT`]) until `replicas` Redis replicas
     /// hold it, and fails when fewer do: an acknowledged change then survives a failover to any
     /// of them (Redis replicates asynchronously, so without it a failover may drop the last
     /// acknowledged appends).
@@ -106,12 +151,14 @@ impl StreamConfig {
         if !self.url.starts_with("rediss://") {
             return Err(StreamConfigError::CaWithoutTls);
         }
+        // A sentinel URL is never rediss://, so this is a direct client.
         let certificates = redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(ca_pem),
         };
-        self.client = redis::Client::build_with_tls(self.info.clone(), certificates)
+        let client = redis::Client::build_with_tls(self.info.clone(), certificates)
             .map_err(StreamConfigError::Ca)?;
+        self.target = Engine::Direct(Box::new(client));
         Ok(self)
     }
 
@@ -119,6 +166,34 @@ impl StreamConfig {
     pub fn waits_for_replicas(&self) -> bool {
         self.min_replicas > 0
     }
+}
+
+/// `[user[:password]@]h1:p1,h2:p2/<master-name>[/<db>]` (after `redis+sentinel://`): the
+/// sentinels' URLs, the master's name, and a `redis://` URL with the master's credentials and
+/// database (its host is a placeholder: the sentinels name the primary).
+fn parse_sentinel(rest: &str) -> Option<(Vec<String>, String, String)> {
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((userinfo, rest)) => (format!("{userinfo}@"), rest),
+        None => (String::new(), rest),
+    };
+    let (hosts, path) = rest.split_once('/')?;
+    let (master, db) = match path.split_once('/') {
+        Some((master, db)) => (master, db),
+        None => (path, "0"),
+    };
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("redis://{host}"))
+        .collect();
+    if sentinels.is_empty() || master.is_empty() || db.parse::<u32>().is_err() {
+        return None;
+    }
+    Some((
+        sentinels,
+        master.to_owned(),
+        format!("redis://{userinfo}primary/{db}"),
+    ))
 }
 
 /// `url` with any password replaced by `***`.
@@ -151,5 +226,34 @@ mod tests {
         );
         let config = StreamConfig::new("redis://u:secret@localhost:6379/2", "k", None).unwrap();
         assert_eq!(config.url(), "redis://u:***@localhost:6379/2");
+        for bad in [
+            "redis+sentinel://h:26379",
+            "redis+sentinel:///m/0",
+            "redis+sentinel://h:1/m/x",
+        ] {
+            let refused = StreamConfig::new(bad, "k", None).unwrap_err();
+            assert!(
+                refused.to_string().contains("redis+sentinel://"),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sentinel_url_names_the_sentinels_the_master_and_the_database() {
+        let parsed = parse_sentinel("u:pw@h1:26379,h2:26380/mymaster/3");
+        let sentinels = vec!["redis://h1:26379".to_owned(), "redis://h2:26380".to_owned()];
+        let want = (
+            sentinels,
+            "mymaster".to_owned(),
+            "redis://u:pw@primary/3".to_owned(),
+        );
+        assert_eq!(parsed, Some(want));
+        assert_eq!(
+            parse_sentinel("h1:26379/m").map(|p| p.2),
+            Some("redis://primary/0".into())
+        );
+        let config = StreamConfig::new("redis+sentinel://u:pw@h1:26379/m/0", "k", None).unwrap();
+        assert_eq!(config.url(), "redis+sentinel://u:***@h1:26379/m/0");
     }
 }

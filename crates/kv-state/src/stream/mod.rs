@@ -93,8 +93,9 @@ impl StreamConfig {
     /// A new connection, with bounded connect, read and write times.
     pub fn connect(&self) -> Result<Stream, StreamError> {
         let connection = self
-            .client
-            .get_connection_with_timeout(IO_TIMEOUT)
+            .target
+            .client()
+            .and_then(|client| client.get_connection_with_timeout(IO_TIMEOUT))
             .map_err(self.engine("connecting"))?;
         connection
             .set_read_timeout(Some(IO_TIMEOUT + READ_BLOCK))

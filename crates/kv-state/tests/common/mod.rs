@@ -139,7 +139,9 @@ pub async fn apply_retrying(
 ) -> Result<(), ChangeError> {
     wait::until_ok("an answer other than UNAVAILABLE", || async {
         match state.apply(request.clone()).await {
-            Err(error @ (ChangeError::EventLog(_) | ChangeError::NotReady)) => Err(error),
+            Err(
+                error @ (ChangeError::EventLog(_) | ChangeError::NotReady | ChangeError::LogReset),
+            ) => Err(error),
             answer => Ok(answer.map(|_| ())),
         }
     })
