@@ -7,10 +7,12 @@ CPU 1.
    first replica) with 1, 2 and 3 replicas, next to one in-memory server; how many entries
    (applies) the other replicas are behind the first (GET /state positions, every 20 ms) while
    it runs; the stream's Redis memory per block-op held;
-2. join: time for a new replica to be SERVING at P placements, (a) replaying the whole stream,
+2. min-replicas: the ingest of one replica with a Redis replica attached, answering after the
+   primary has an append or (KV_INDEXER_EVENT_LOG_MIN_REPLICAS 1) after the Redis replica too;
+3. join: time for a new replica to be SERVING at P placements, (a) replaying the whole stream,
    (b) from the snapshot the first replica published (and the stream after it).
 
-    scripts/fleet_bench.py [--only ingest,join] [--placements 1000000,10000000]
+    scripts/fleet_bench.py [--only ingest,min-replicas,join] [--placements 1000000,10000000]
 
 Needs redis-server (scripts/install_redis.sh); only the Python standard library otherwise.
 """
@@ -48,11 +50,13 @@ def redis_command(port, *args):
 
 
 class Redis:
-    def __init__(self, port, logs):
+    def __init__(self, port, logs, primary=None):
+        """A redis-server on `port`; a replica of the one on port `primary` when given."""
         self.port = port
         self.dir = tempfile.mkdtemp(prefix="kv-bench-redis-", dir=logs)
+        follow = ["--replicaof", db.HOST, str(primary)] if primary else []
         self.popen = subprocess.Popen(["redis-server", "--bind", db.HOST, "--port", str(port), "--save", "",
-                                       "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no"],
+                                       "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no", *follow],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         STARTED.append(self.popen)
         deadline = time.time() + 10
@@ -172,6 +176,30 @@ def join(args, logs):
         redis.stop()
 
 
+def min_replicas(args, logs, runs=3):
+    """Ingest into one replica with a Redis replica beside the primary, answering after the
+    primary has an append (MIN_REPLICAS 0) or after the Redis replica has it too (1: WAIT 1);
+    the two interleaved, `runs` times each."""
+    print(f"\n## KV_INDEXER_EVENT_LOG_MIN_REPLICAS: the same churn, a Redis replica attached, {runs} interleaved runs")
+    print(f"{'setup':<22} {'achieved M/s':>12} {'apply p50 µs':>12} {'p99 µs':>8} {'max µs':>8}")
+    for run in range(runs):
+        for wanted in (0, 1):
+            redis = Redis(args.base_port + 5, logs)
+            follower = Redis(args.base_port + 6, logs, primary=redis.port)
+            deadline = time.time() + 10
+            while redis_command(redis.port, "WAIT", "1", "100") != ":1":
+                if time.time() > deadline:
+                    raise RuntimeError("the Redis replica did not sync")
+            servers = replicas(args, logs, redis, 1, ["--snapshot-interval-s", "0",
+                                                      "--event-log-min-replicas", str(wanted)])
+            achieved, p50, p99, top = db.churn(args, args.base_port)
+            print(f"{f'MIN_REPLICAS {wanted}, run {run + 1}':<22} {achieved:>12.2f} {p50:>12} {p99:>8} {top:>8}")
+            for s in servers:
+                s.stop(signal.SIGKILL)
+            follower.stop()
+            redis.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="ingest,join")
@@ -184,7 +212,7 @@ def main():
     print(f"machine: {os.cpu_count()} CPUs; replicas on CPU 0, the load generator on CPU 1, Redis unpinned; "
           f"logs {logs}")
     for part in args.only.split(","):
-        {"ingest": ingest, "join": join}[part](args, logs)
+        {"ingest": ingest, "join": join, "min-replicas": min_replicas}[part](args, logs)
     return 0
 
 

@@ -25,7 +25,10 @@ replicas must start over, never keep what the log no longer explains); partition
 replica cut off from Redis for longer than KV_INDEXER_MAX_LAG_MS: it must stop answering
 queries, then catch up); rollback (Redis killed and started from an RDB saved 2 s earlier, as a
 failover to a lagging replica or a restore from backup does: the replicas must clear what the
-lost entries changed, and report how long until no replica over-claims).
+lost entries changed, and report how long until no replica over-claims); sentinel-0 and
+sentinel-1 (the replicas on redis+sentinel:// with a Redis replica and three sentinels; the
+primary killed under load, with KV_INDEXER_EVENT_LOG_MIN_REPLICAS 0 and 1: no over-claim, and
+with 1 no under-claim either).
 
     scripts/fleet_tests.py [--only kill9,roll] [--replicas 2] [--base-port 47900]
 
@@ -58,6 +61,8 @@ CASES = {
     "flushall": "FLUSHALL: Redis loses the log",
     "partition": "the last replica cut off from Redis",
     "rollback": "Redis back from an older save (RDB)",
+    "sentinel-0": "Sentinel failover under load, MIN_REPLICAS 0",
+    "sentinel-1": "Sentinel failover under load, MIN_REPLICAS 1",
 }
 MAX_LAG_MS = 1000
 
@@ -131,14 +136,19 @@ class Proxy:
 
 
 class ReplicaFleet:
-    def __init__(self, args, logs):
+    def __init__(self, args, logs, min_replicas=None):
+        """With `min_replicas`, the replicas find Redis through three sentinels watching it
+        and a Redis replica of it, and wait for that many Redis replicas per append."""
         self.args, self.logs = args, logs
+        self.min_replicas = min_replicas
         base = args.base_port
         self.redis_port, proxy_port = base + 5, base + 6
         self.redis_dir = os.path.join(logs, "redis")
         os.makedirs(self.redis_dir)
         self.redis = ft.Proc(logs, "redis", self.redis_argv(appendonly=True))
         ft.wait_until(lambda: redis_command(self.redis_port, "PING") == "+PONG", "redis-server")
+        if min_replicas is not None:
+            self.start_sentinels()
         self.proxy = Proxy(proxy_port, self.redis_port)
         self.replicas = args.replicas
 
@@ -156,13 +166,37 @@ class ReplicaFleet:
                                                "--cache-affinity-min-matched-tokens", "16"])
         ft.wait_until(lambda: ft.http_ok(f"{self.router_url}/health"), "the router")
 
+    def start_sentinels(self):
+        """A Redis replica of the primary, and three sentinels (quorum 2, down after 1 s)."""
+        base = self.args.base_port
+        replica_dir = os.path.join(self.logs, "redis-replica")
+        os.makedirs(replica_dir)
+        self.redis_replica = ft.Proc(self.logs, "redis-replica", [
+            "redis-server", "--bind", ft.HOST, "--port", str(base + 7), "--save", "", "--appendonly", "no",
+            "--dir", replica_dir, "--protected-mode", "no", "--replicaof", ft.HOST, str(self.redis_port)])
+        self.sentinel_ports = [base + 50 + i for i in range(3)]
+        for i, port in enumerate(self.sentinel_ports):
+            conf = os.path.join(self.logs, f"sentinel-{i}.conf")
+            with open(conf, "w") as f:
+                f.write(f"port {port}\nbind {ft.HOST}\ndir {self.logs}\n"
+                        f"sentinel monitor mymaster {ft.HOST} {self.redis_port} 2\n"
+                        "sentinel down-after-milliseconds mymaster 1000\n"
+                        "sentinel failover-timeout mymaster 5000\n")
+            ft.Proc(self.logs, f"sentinel-{i}", ["redis-server", conf, "--sentinel"])
+            ft.wait_until(lambda: redis_command(port, "PING") == "+PONG", f"sentinel {i}")
+
     def redis_argv(self, appendonly):
         return ["redis-server", "--bind", ft.HOST, "--port", str(self.redis_port), "--save", "",
                 "--appendonly", "yes" if appendonly else "no", "--appendfsync", "everysec",
                 "--dir", self.redis_dir, "--protected-mode", "no"]
 
     def replica_flags(self, k, redis_port):
-        return ["--event-log", f"redis://{ft.HOST}:{redis_port}/0", "--metrics-addr", self.admin(k),
+        if self.min_replicas is None:
+            log = [f"redis://{ft.HOST}:{redis_port}/0"]
+        else:
+            hosts = ",".join(f"{ft.HOST}:{port}" for port in self.sentinel_ports)
+            log = [f"redis+sentinel://{hosts}/mymaster/0", "--event-log-min-replicas", str(self.min_replicas)]
+        return ["--event-log", *log, "--metrics-addr", self.admin(k),
                 "--state-dir", os.path.join(self.logs, f"state-{k}"), "--snapshot-interval-s", "2",
                 "--max-lag-ms", str(MAX_LAG_MS)]
 
@@ -220,6 +254,19 @@ def over_claims(fleet, traffic, k):
     return ft.compare(workers, index)[2]
 
 
+def time_to_no_over_claims(fleet, traffic, paused):
+    """Seconds until no replica over-claims. Traffic pauses while they are counted: with it,
+    events in flight always show some (a block evicted, its removal not yet applied)."""
+    served = time.time()
+    paused.set()
+    try:
+        ft.wait_until(lambda: all(over_claims(fleet, traffic, k) == 0 for k in range(fleet.replicas)),
+                      "no replica over-claims", timeout=30, interval=0.05)
+    finally:
+        paused.clear()
+    return time.time() - served
+
+
 def fault(name, fleet, traffic, paused):
     """Runs the fault; returns notes for the table."""
     notes = {}
@@ -264,16 +311,17 @@ def fault(name, fleet, traffic, paused):
         start = time.time()
         fleet.wait_all_fresh()
         notes["to_serving_s"] = time.time() - start
-        # Traffic pauses while over-claims are counted: with it, events in flight are always
-        # some (a block evicted, its removal not yet applied).
-        served = time.time()
-        paused.set()
-        try:
-            ft.wait_until(lambda: all(over_claims(fleet, traffic, k) == 0 for k in range(fleet.replicas)),
-                          "no replica over-claims", timeout=30, interval=0.05)
-        finally:
-            paused.clear()
-        notes["over_zero_s"] = time.time() - served
+        notes["over_zero_s"] = time_to_no_over_claims(fleet, traffic, paused)
+    elif name.startswith("sentinel-"):
+        # The primary dies under load; the sentinels promote its replica, the replicas follow;
+        # the old primary comes back and the sentinels make it a replica of the new one.
+        fleet.redis.kill9()
+        time.sleep(1.5)
+        fleet.redis.start()
+        start = time.time()
+        fleet.wait_all_fresh()
+        notes["to_serving_s"] = time.time() - start
+        notes["over_zero_s"] = time_to_no_over_claims(fleet, traffic, paused)
     elif name == "partition":
         k = fleet.replicas - 1
         fleet.proxy.flowing.clear()
@@ -287,13 +335,13 @@ def fault(name, fleet, traffic, paused):
 
 
 def run_case(args, name, logs_root, seed):
-    if name == "rollback":
-        # Small caches, so that the workers drop blocks: what the rolled-back log still
-        # claims for them is an over-claim.
+    if name == "rollback" or name.startswith("sentinel-"):
+        # Small caches, so that the workers drop blocks: what a lost log still claims for them
+        # is an over-claim.
         args = argparse.Namespace(**{**vars(args), "capacity_tokens": 8192, "host_capacity_tokens": 8192})
     logs = os.path.join(logs_root, name)
     os.makedirs(logs)
-    fleet = ReplicaFleet(args, logs)
+    fleet = ReplicaFleet(args, logs, int(name[-1]) if name.startswith("sentinel-") else None)
     traffic = ft.Traffic(args, seed)
     try:
         traffic.burst(fleet.fleet.urls, args.before)
@@ -367,7 +415,8 @@ def main():
         if r is None:
             continue
         # Under-claims are allowed where the log itself lost changes.
-        failed |= bool(r["over"]) or not r["digests_equal"] or (r["under"] and name not in ("flushall", "rollback"))
+        failed |= bool(r["over"]) or not r["digests_equal"] or (
+            r["under"] and name not in ("flushall", "rollback", "sentinel-0"))
         print(f"  {name}: decisions in the window: {r['decisions']}; digests "
               f"{sorted(set(d[:12] for d in r['digests']))}", file=sys.stderr)
     print()
