@@ -173,7 +173,9 @@ class ReplicaFleet:
         os.makedirs(replica_dir)
         self.redis_replica = ft.Proc(self.logs, "redis-replica", [
             "redis-server", "--bind", ft.HOST, "--port", str(base + 7), "--save", "", "--appendonly", "no",
-            "--dir", replica_dir, "--protected-mode", "no", "--replicaof", ft.HOST, str(self.redis_port)])
+            "--dir", replica_dir, "--protected-mode", "no", "--repl-diskless-sync-delay", "0",
+            "--replicaof", ft.HOST, str(self.redis_port)])
+        ft.wait_until(lambda: redis_command(self.redis_port, "WAIT", "1", "100") == ":1", "the Redis replica's sync")
         self.sentinel_ports = [base + 50 + i for i in range(3)]
         for i, port in enumerate(self.sentinel_ports):
             conf = os.path.join(self.logs, f"sentinel-{i}.conf")
@@ -188,7 +190,7 @@ class ReplicaFleet:
     def redis_argv(self, appendonly):
         return ["redis-server", "--bind", ft.HOST, "--port", str(self.redis_port), "--save", "",
                 "--appendonly", "yes" if appendonly else "no", "--appendfsync", "everysec",
-                "--dir", self.redis_dir, "--protected-mode", "no"]
+                "--dir", self.redis_dir, "--protected-mode", "no", "--repl-diskless-sync-delay", "0"]
 
     def replica_flags(self, k, redis_port):
         if self.min_replicas is None:
