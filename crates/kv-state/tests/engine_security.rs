@@ -9,9 +9,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{State, report};
+use common::{State, replica_settings, report, serving};
 use kv_state::error::ChangeError;
-use kv_state::settings::{FleetSettings, Settings};
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
@@ -44,24 +43,6 @@ const FLEET_ACL: &[&str] = &[
     "+script|load",
 ];
 
-fn settings(stream: StreamConfig, snapshot_every: Option<Duration>) -> Settings {
-    Settings {
-        worker_ttl: None,
-        snapshot_interval: snapshot_every,
-        fleet: Some(FleetSettings {
-            stream,
-            max_lag: Duration::from_millis(1000),
-        }),
-        ..Settings::default()
-    }
-}
-
-async fn serving(settings: Settings) -> State {
-    let state = State::open(settings).await.unwrap();
-    wait::until_ok("the replica serves", || async { state.check() }).await;
-    state
-}
-
 fn set_user(redis: &RedisServer, name: &str, rules: &[&str]) {
     let password = format!(">{name}-secret");
     let mut args = vec!["ACL", "SETUSER", name, "reset", "on", password.as_str()];
@@ -88,8 +69,12 @@ async fn a_fleet_runs_with_only_the_commands_its_acl_allows() {
     )
     .unwrap();
     // Snapshots every 200 ms: the lease holder publishes them and trims the stream.
-    let a = serving(settings(stream.clone(), Some(Duration::from_millis(200)))).await;
-    let b = serving(settings(stream.clone(), None)).await;
+    let a = serving(replica_settings(
+        stream.clone(),
+        Some(Duration::from_millis(200)),
+    ))
+    .await;
+    let b = serving(replica_settings(stream.clone(), None)).await;
     for (i, state) in [&a, &b, &a, &b].into_iter().enumerate() {
         let hashes: Vec<i64> = (0..8).map(|h| (i as i64) * 100 + h).collect();
         state
@@ -108,7 +93,7 @@ async fn a_fleet_runs_with_only_the_commands_its_acl_allows() {
     // named in the URL with its password given apart (KV_INDEXER_EVENT_LOG_PASSWORD).
     let named = redis.url().replace("redis://", "redis://kv-indexer@");
     let apart = StreamConfig::new(&named, "sgl-kv-indexer:events", Some("kv-indexer-secret"));
-    let c = serving(settings(apart.unwrap(), None)).await;
+    let c = serving(replica_settings(apart.unwrap(), None)).await;
     wait::until_ok("three equal digests", || async {
         let digests = [a.digest(), b.digest(), c.digest()];
         match digests.iter().all(|d| d == &digests[0]) && a.stats().placements == 32 {
@@ -138,7 +123,7 @@ async fn a_user_without_the_fleets_commands_is_refused_naming_the_refusal() {
     set_user(&redis, "no-xadd", &read_only);
     let stream =
         StreamConfig::new(&user_url(&redis, "no-xadd"), "sgl-kv-indexer:events", None).unwrap();
-    let state = serving(settings(stream, None)).await;
+    let state = serving(replica_settings(stream, None)).await;
     let refused = state.apply(report("w", &[1])).await;
     let Err(ChangeError::EventLog(error)) = &refused else {
         panic!("expected an event-log refusal, got {refused:?}");
@@ -234,8 +219,8 @@ async fn the_shared_log_runs_over_tls_to_a_private_ca() {
         .unwrap()
         .with_tls_ca(ca)
         .unwrap();
-    let a = serving(settings(stream.clone(), None)).await;
-    let b = serving(settings(stream, None)).await;
+    let a = serving(replica_settings(stream.clone(), None)).await;
+    let b = serving(replica_settings(stream, None)).await;
     a.apply(report("w", &[1, 2, 3])).await.unwrap();
     wait::until_ok("the second replica follows over TLS", || async {
         match b.digest() == a.digest() && b.stats().placements == 3 {
@@ -249,7 +234,9 @@ async fn the_shared_log_runs_over_tls_to_a_private_ca() {
 
     // Without the CA the system's roots do not know the server: the replica never serves.
     let untrusted = StreamConfig::new(&url, "sgl-kv-indexer:events", None).unwrap();
-    let state = State::open(settings(untrusted, None)).await.unwrap();
+    let state = State::open(replica_settings(untrusted, None))
+        .await
+        .unwrap();
     let refused = state.apply(report("w", &[4])).await;
     assert!(
         matches!(refused, Err(ChangeError::EventLog(_))),

@@ -4,26 +4,16 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{State, apply_retrying, numbered, report};
+use common::{State, apply_retrying, numbered, replica_settings, report};
 use kv_state::error::ChangeError;
-use kv_state::settings::{FleetSettings, Settings};
+use kv_state::settings::Settings;
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
 
 fn settings(primary: &RedisServer, min_replicas: u32) -> Settings {
     let stream = StreamConfig::new(&primary.url(), "test:replicas", None).unwrap();
-    Settings {
-        worker_ttl: None,
-        snapshot_interval: None,
-        fleet: Some(FleetSettings {
-            stream: stream.with_min_replicas(min_replicas),
-            max_lag: Duration::from_millis(1000),
-        }),
-        ..Settings::default()
-    }
+    replica_settings(stream.with_min_replicas(min_replicas), None)
 }
 
 /// Entries in the stream as `server` has it.

@@ -5,28 +5,15 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{State, apply_retrying, assert_gap, numbered, report, revoke};
-use kv_state::settings::{FleetSettings, Settings};
+use common::{State, apply_retrying, assert_gap, numbered, replica_settings, report, revoke};
+use kv_state::settings::Settings;
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
 
-fn replica_settings(redis: &RedisServer) -> Settings {
-    Settings {
-        worker_ttl: None,
-        snapshot_interval: None,
-        fleet: Some(FleetSettings {
-            stream: StreamConfig::new(&redis.url(), "test:rollback", None).unwrap(),
-            max_lag: Duration::from_millis(1000),
-        }),
-        ..Settings::default()
-    }
-}
-
-async fn serving(state: &State) {
-    wait::until_ok("the replica serves", || async { state.check() }).await;
+fn settings(redis: &RedisServer) -> Settings {
+    let stream = StreamConfig::new(&redis.url(), "test:rollback", None).unwrap();
+    replica_settings(stream, None)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,11 +22,11 @@ async fn a_rolled_back_log_leaves_no_over_claim_and_the_bridge_re_syncs() {
         return;
     };
     let (one, two) = (
-        State::open(replica_settings(&redis)).await.unwrap(),
-        State::open(replica_settings(&redis)).await.unwrap(),
+        State::open(settings(&redis)).await.unwrap(),
+        State::open(settings(&redis)).await.unwrap(),
     );
-    serving(&one).await;
-    serving(&two).await;
+    wait::until_ok("the replica serves", || async { one.check() }).await;
+    wait::until_ok("the replica serves", || async { two.check() }).await;
     let first: Vec<i64> = (1..=400).collect();
     one.apply(numbered(report("w", &first), 1)).await.unwrap();
     redis.command(&["SAVE"]);

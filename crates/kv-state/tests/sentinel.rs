@@ -10,9 +10,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{State, apply_retrying, numbered, report, revoke};
+use common::{State, apply_retrying, numbered, replica_settings, report, revoke};
 use kv_state::error::ChangeError;
-use kv_state::settings::{FleetSettings, Settings};
+use kv_state::settings::Settings;
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
@@ -79,15 +79,7 @@ fn settings(sentinels: &Sentinels, min_replicas: u32) -> Settings {
         .collect();
     let url = format!("redis+sentinel://{}/mymaster/0", hosts.join(","));
     let stream = StreamConfig::new(&url, "sgl-kv-indexer:events", None).unwrap();
-    Settings {
-        worker_ttl: None,
-        snapshot_interval: None,
-        fleet: Some(FleetSettings {
-            stream: stream.with_min_replicas(min_replicas),
-            max_lag: Duration::from_millis(1000),
-        }),
-        ..Settings::default()
-    }
+    replica_settings(stream.with_min_replicas(min_replicas), None)
 }
 
 /// What the fleet claims after the failover, on the replica that took the applies and on one

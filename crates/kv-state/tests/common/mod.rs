@@ -6,13 +6,15 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kv_index::{IndexStats, NodeMatch, PrefixAnswer};
 use kv_indexer_proto::v1 as pb;
 use kv_state::cell::IndexCell;
 use kv_state::error::{ChangeError, StateError};
 use kv_state::fleet::Freshness;
-use kv_state::settings::Settings;
+use kv_state::settings::{FleetSettings, Settings};
+use kv_state::stream::StreamConfig;
 use kv_state::writer::Writer;
 use kv_testkit::indexer::{HBM, REPORT, REVOKE, action, apply_request};
 use kv_testkit::wait;
@@ -162,4 +164,25 @@ pub fn dir_settings(dir: &Path) -> Settings {
 pub fn assert_gap(answer: &Result<(), ChangeError>, expected: u64, got: u64) {
     let gap = matches!(answer, Err(ChangeError::Gap { expected: e, got: g, .. }) if *e == expected && *g == got);
     assert!(gap, "not a gap at {expected} (got {got}): {answer:?}");
+}
+
+/// A replica on `stream` without a state directory or worker expiry, stale after 1 s, and
+/// snapshots every `snapshot_every` (none: never).
+pub fn replica_settings(stream: StreamConfig, snapshot_every: Option<Duration>) -> Settings {
+    Settings {
+        worker_ttl: None,
+        snapshot_interval: snapshot_every,
+        fleet: Some(FleetSettings {
+            stream,
+            max_lag: Duration::from_millis(1000),
+        }),
+        ..Settings::default()
+    }
+}
+
+/// Opens `settings` and waits until the replica serves.
+pub async fn serving(settings: Settings) -> State {
+    let state = State::open(settings).await.unwrap();
+    wait::until_ok("the replica serves", || async { state.check() }).await;
+    state
 }
