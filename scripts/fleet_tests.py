@@ -27,8 +27,8 @@ queries, then catch up); rollback (Redis killed and started from an RDB saved 2 
 failover to a lagging replica or a restore from backup does: the replicas must clear what the
 lost entries changed, and report how long until no replica over-claims); sentinel-0 and
 sentinel-1 (the replicas on redis+sentinel:// with a Redis replica and three sentinels; the
-primary killed under load, with KV_INDEXER_EVENT_LOG_MIN_REPLICAS 0 and 1: no over-claim, and
-with 1 no under-claim either).
+primary killed under load, with KV_INDEXER_EVENT_LOG_MIN_REPLICAS 0 and 1, and one Redis replica
+more than that: no over-claim, and with 1 no under-claim either).
 
     scripts/fleet_tests.py [--only kill9,roll] [--replicas 2] [--base-port 47900]
 
@@ -73,6 +73,18 @@ def redis_command(port, *args, timeout=10):
     with socket.create_connection((ft.HOST, port), timeout=timeout) as sock:
         sock.sendall(payload.encode())
         return sock.makefile("rb").readline().decode().strip()
+
+
+def sentinel_master_port(port):
+    """The port of the primary the sentinel on `port` names now (None when it names none)."""
+    payload = "*3\r\n$8\r\nSENTINEL\r\n$23\r\nget-master-addr-by-name\r\n$8\r\nmymaster\r\n"
+    with socket.create_connection((ft.HOST, port), timeout=5) as sock:
+        sock.sendall(payload.encode())
+        reply = sock.makefile("rb")
+        if reply.readline().strip() != b"*2":
+            return None
+        lines = [reply.readline().strip() for _ in range(4)]
+        return int(lines[3])
 
 
 class Proxy:
@@ -167,15 +179,19 @@ class ReplicaFleet:
         ft.wait_until(lambda: ft.http_ok(f"{self.router_url}/health"), "the router")
 
     def start_sentinels(self):
-        """A Redis replica of the primary, and three sentinels (quorum 2, down after 1 s)."""
+        """Redis replicas of the primary (one more than MIN_REPLICAS asks for, so that writes
+        go on when one of them is promoted), and three sentinels (quorum 2, down after 1 s)."""
         base = self.args.base_port
-        replica_dir = os.path.join(self.logs, "redis-replica")
-        os.makedirs(replica_dir)
-        self.redis_replica = ft.Proc(self.logs, "redis-replica", [
-            "redis-server", "--bind", ft.HOST, "--port", str(base + 7), "--save", "", "--appendonly", "no",
-            "--dir", replica_dir, "--protected-mode", "no", "--repl-diskless-sync-delay", "0",
-            "--replicaof", ft.HOST, str(self.redis_port)])
-        ft.wait_until(lambda: redis_command(self.redis_port, "WAIT", "1", "100") == ":1", "the Redis replica's sync")
+        for r in range(self.min_replicas + 1):
+            replica_dir = os.path.join(self.logs, f"redis-replica-{r}")
+            os.makedirs(replica_dir)
+            ft.Proc(self.logs, f"redis-replica-{r}", [
+                "redis-server", "--bind", ft.HOST, "--port", str(base + 7 + r), "--save", "", "--appendonly",
+                "no", "--dir", replica_dir, "--protected-mode", "no", "--repl-diskless-sync-delay", "0",
+                "--replicaof", ft.HOST, str(self.redis_port)])
+        wanted = str(self.min_replicas + 1)
+        ft.wait_until(lambda: redis_command(self.redis_port, "WAIT", wanted, "100") == f":{wanted}",
+                      "the Redis replicas' sync")
         self.sentinel_ports = [base + 50 + i for i in range(3)]
         for i, port in enumerate(self.sentinel_ports):
             conf = os.path.join(self.logs, f"sentinel-{i}.conf")
@@ -272,6 +288,7 @@ def time_to_no_over_claims(fleet, traffic, paused):
 def fault(name, fleet, traffic, paused):
     """Runs the fault; returns notes for the table."""
     notes = {}
+    started = time.time()
     if name == "kill9":
         notes["to_serving_s"] = fleet.restart(0, signal.SIGKILL)
     elif name == "roll":
@@ -315,10 +332,12 @@ def fault(name, fleet, traffic, paused):
         notes["to_serving_s"] = time.time() - start
         notes["over_zero_s"] = time_to_no_over_claims(fleet, traffic, paused)
     elif name.startswith("sentinel-"):
-        # The primary dies under load; the sentinels promote its replica, the replicas follow;
+        # The primary dies under load; the sentinels promote a replica, the replicas follow;
         # the old primary comes back and the sentinels make it a replica of the new one.
         fleet.redis.kill9()
-        time.sleep(1.5)
+        ft.wait_until(lambda: sentinel_master_port(fleet.sentinel_ports[0]) != fleet.redis_port,
+                      "the sentinels' failover", timeout=30, interval=0.05)
+        notes["failover_s"] = time.time() - started
         fleet.redis.start()
         start = time.time()
         fleet.wait_all_fresh()
@@ -434,6 +453,8 @@ def main():
               f"{digests:>7} {r['routed']:>6} {r['hit_ratio']:>5.2f} {r['blind']:>5} {r['window_s']:>8.2f} {serving:>9}")
         if "stale_after_s" in r:
             print(f"{'':<14} the cut-off replica stopped answering {r['stale_after_s']:.2f} s after the cut")
+        if "failover_s" in r:
+            print(f"{'':<14} the sentinels named a new primary {r['failover_s']:.2f} s after the kill")
         if "over_zero_s" in r:
             print(f"{'':<14} no replica over-claimed {r['over_zero_s']:.2f} s after every replica served again")
     print(f"\nlogs: {logs_root}")

@@ -8,7 +8,6 @@ mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use common::{State, apply_retrying, numbered, replica_settings, report, revoke};
 use kv_state::error::ChangeError;
@@ -30,6 +29,20 @@ impl Drop for Sentinels {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+impl Sentinels {
+    /// The port of the primary the first sentinel names now.
+    fn primary(&self) -> Option<u16> {
+        let url = format!("redis://127.0.0.1:{}/", self.ports[0]);
+        let mut connection = redis::Client::open(url).ok()?.get_connection().ok()?;
+        let named: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg("mymaster")
+            .query(&mut connection)
+            .ok()?;
+        named.map(|(_, port)| port)
     }
 }
 
@@ -113,9 +126,13 @@ async fn failover(min_replicas: u32) -> Option<Claims> {
         .unwrap();
 
     primary.kill();
-    // The sentinels promote the replica; the killed primary comes back and they make it a
-    // replica of the new one (so that MIN_REPLICAS 1 can be met again).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The sentinels promote the replica; the killed primary comes back once they have, and
+    // they make it a replica of the new one (so that MIN_REPLICAS 1 can be met again).
+    let old = primary.port();
+    wait::until_ok("the sentinels' failover", || async {
+        watch.primary().filter(|&p| p != old).ok_or(())
+    })
+    .await;
     primary.restart();
     for hashes in held[10..].chunks(10) {
         let answer = apply_retrying(&state, numbered(report("w", hashes), next())).await;
