@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read when the script runs, not baked in when it is compiled: one compiled script may
+    // serve two checkouts that share a target directory.
+    let proto_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let proto = proto_dir.join("kv_indexer.proto");
     println!("cargo:rerun-if-changed={}", proto.display());
 
