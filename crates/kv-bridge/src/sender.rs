@@ -2,6 +2,7 @@
 //! backoff and stopping on permanent ones.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kv_events::{Action, clear_action};
@@ -63,15 +64,20 @@ impl Identity {
     }
 }
 
-/// This bridge process's incarnation: its start time in microseconds since the Unix epoch, so a
-/// bridge started later for the same worker has a larger one and fences this one out.
+/// A new incarnation for a sender that starts now: its start time in microseconds since the
+/// Unix epoch, so a bridge started later for the same worker has a larger one and fences this
+/// one out. Each sender numbers its batches from 1 under its own incarnation, so a second
+/// sender in one process (a bridge restarted in place) gets a larger one too, never the same.
 fn incarnation() -> u64 {
-    static STARTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *STARTED.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_micros() as u64)
-    })
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64);
+    let next = |last: u64| now.max(last + 1);
+    let last = LAST
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| Some(next(last)))
+        .expect("the update always succeeds");
+    next(last)
 }
 
 pub struct Sender {
@@ -230,6 +236,12 @@ impl Sender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_sender_gets_a_larger_incarnation() {
+        let first = incarnation();
+        assert!(incarnation() > first);
+    }
 
     #[test]
     fn classifies_the_contracts_permanent_codes() {
