@@ -30,7 +30,7 @@ pub fn worker_meta<'m>(meta: &'m mut Meta, worker: &str) -> &'m mut WorkerMeta {
 }
 
 /// Refuses an apply from an older bridge incarnation than the worker's newest.
-pub fn fence(meta: &Meta, worker_id: &str, incarnation: Option<u64>) -> Result<(), ChangeError> {
+fn fence(meta: &Meta, worker_id: &str, incarnation: Option<u64>) -> Result<(), ChangeError> {
     let (Some(incarnation), Some(known)) = (incarnation, meta.get(worker_id)) else {
         return Ok(());
     };
@@ -86,7 +86,7 @@ pub fn admit(
     let Some(incarnation) = incarnation else {
         return Ok(Gate::Next);
     };
-    if !known && let Some(batch) = batch.filter(|&b| b > 0) {
+    if !known && let Some(batch) = batch {
         entry.incarnation = incarnation;
         entry.batch = batch;
         return Ok(Gate::Next);

@@ -14,7 +14,7 @@ use crate::error::StateError;
 use crate::fleet::{self, Freshness};
 use crate::meta::{Meta, fresh_ttl};
 use crate::recover::{Recovered, recover_dir};
-use crate::settings::Settings;
+use crate::settings::{Settings, sweep_interval};
 use crate::writer::Writer;
 
 /// The opened state: the writer every change goes through and, for a replica, its freshness.
@@ -84,7 +84,7 @@ pub fn spawn_ticks(writer: Writer, settings: &Settings, stop: CancellationToken)
     }
     let snapshot_every = settings.dir.as_ref().and(settings.snapshot_interval);
     for (every, job) in [
-        (settings.sweep_interval(), Tick::Sweep),
+        (settings.worker_ttl.map(sweep_interval), Tick::Sweep),
         (snapshot_every, Tick::Snapshot),
     ] {
         let Some(every) = every else { continue };

@@ -54,14 +54,8 @@ pub struct FleetSettings {
     pub max_lag: Duration,
 }
 
-impl Settings {
-    /// How often the liveness sweep runs: a quarter of the TTL, within 100 ms to 5 s.
-    pub fn sweep_interval(&self) -> Option<Duration> {
-        self.worker_ttl.map(sweep_interval)
-    }
-}
-
-/// The sweep interval for a worker TTL of `ttl`.
+/// How often the liveness sweep runs for a worker TTL of `ttl`: a quarter of it, within
+/// 100 ms to 5 s.
 pub fn sweep_interval(ttl: Duration) -> Duration {
     (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
 }

@@ -206,17 +206,14 @@ impl Applier {
         match result {
             Ok((applied, stats)) => {
                 crate::observe::index_size(stats);
-                if let Ok(applied) = &applied {
-                    applied.note_live();
-                }
-                if let Err(error) = &applied
-                    && !matches!(error, ChangeError::Fenced { .. })
-                {
-                    self.skip(&entry, &error.to_string());
+                match &applied {
+                    Ok(applied) => applied.note_live(),
+                    // Fenced alike on every replica: a zombie bridge, not a bad entry.
+                    Err(ChangeError::Fenced { .. }) => {}
+                    Err(error) => self.skip(&entry, &error.to_string()),
                 }
                 if let Some(number) = waiter {
-                    self.waiters
-                        .applied(number, Outcome::Applied(applied, stats));
+                    self.waiters.applied(number, Outcome::Applied(applied));
                 }
             }
             Err(why) => {

@@ -18,10 +18,10 @@ pub(super) enum Waiter {
 }
 
 impl Waiter {
-    pub(super) fn answer(self, result: Result<Applied, ChangeError>, stats: IndexStats) {
+    pub(super) fn answer(self, result: Result<Applied, ChangeError>) {
         match self {
             Waiter::Apply(reply) => {
-                let _ = reply.send(result.and_then(Applied::answer).map(|_| stats));
+                let _ = reply.send(result.and_then(Applied::answer));
             }
             Waiter::Hits(reply) => {
                 let _ = reply.send(result.map(|applied| match applied {
@@ -46,7 +46,7 @@ impl Waiter {
 
 /// What applying a job's entry did, or that it was lost (it did not decode).
 pub(super) enum Outcome {
-    Applied(Result<Applied, ChangeError>, IndexStats),
+    Applied(Result<Applied, ChangeError>),
     Lost,
 }
 
@@ -62,7 +62,7 @@ struct Slot {
 impl Slot {
     fn answer(self, outcome: Outcome) {
         match outcome {
-            Outcome::Applied(result, stats) => self.waiter.answer(result, stats),
+            Outcome::Applied(result) => self.waiter.answer(result),
             Outcome::Lost => self.waiter.refuse(ChangeError::LogReset),
         }
     }
