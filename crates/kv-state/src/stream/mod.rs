@@ -144,7 +144,6 @@ impl Stream {
                 .arg(record);
         }
         let wanted = self.config.min_replicas;
-
         if wanted > 0 {
             pipe.cmd("WAIT")
                 .arg(wanted)
@@ -165,14 +164,12 @@ impl Stream {
                 )));
             }
         }
-        let ids: Vec<String> = answers
+        answers
             .into_iter()
-            .map(redis::from_redis_value)
-            .collect::<Result<_, _>>()
-            .map_err(|error| self.unexpected(format!("XADD answered {error}")))?;
-        ids.iter()
-            .map(|id| {
-                position_of(id).ok_or_else(|| {
+            .map(|answer| {
+                let id: String = redis::from_redis_value(answer)
+                    .map_err(|error| self.unexpected(format!("XADD answered {error}")))?;
+                position_of(&id).ok_or_else(|| {
                     self.unexpected(format!("XADD answered id {id:?}, not 0-<n>: another writer uses the key with its own ids"))
                 })
             })
