@@ -426,17 +426,18 @@ async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
     Ok(crate::prefix_route::add(routes.routes(), service))
 }
 
-/// Shared state for an in-memory server with `config`, ready at once (its writer started).
+/// Shared state for a server with `config`, its state opened at once on this thread (memory,
+/// or a state directory recovered before this returns) and its writer started: for tests and
+/// tools. A shared log is not: a replica is ready only once caught up ([`crate::boot`]).
 pub fn shared(config: &Config) -> Arc<Shared> {
+    assert!(
+        config.state.fleet.is_none(),
+        "server::shared opens one server, not a replica"
+    );
     let shared = Arc::new(Shared::new(config).expect("starting the query threads"));
-    let writer = kv_state::writer::Writer::start(
-        shared.index_cell(),
-        None,
-        kv_state::meta::Meta::new(),
-        config.state.worker_ttl,
-    )
-    .expect("starting the writer thread");
-    shared.install(writer);
+    let opened = kv_state::open::open(&shared.index_cell(), &config.state)
+        .expect("opening the server's state");
+    shared.install(opened.writer);
     shared
 }
 

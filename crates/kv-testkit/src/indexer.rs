@@ -100,7 +100,7 @@ impl TestIndexer {
         let port = Port::reserve();
         let port_url = port.url();
         let mut indexer = TestIndexer {
-            shared: opened(&config),
+            shared: server::shared(&config),
             addr: port.addr(),
             port,
             config,
@@ -248,7 +248,7 @@ impl TestIndexer {
     /// configuration names: an empty index, or what its state directory holds.
     pub async fn restart(&mut self) {
         self.shut_down().await;
-        self.shared = opened(&self.config);
+        self.shared = server::shared(&self.config);
         self.serve();
     }
 
@@ -256,24 +256,9 @@ impl TestIndexer {
     pub async fn restart_with(&mut self, config: Config) {
         self.shut_down().await;
         self.config = config;
-        self.shared = opened(&self.config);
+        self.shared = server::shared(&self.config);
         self.serve();
     }
-}
-
-/// Shared state for a server with `config`, ready at once: the state its configuration names
-/// opened as the server opens it (memory, or a state directory recovered here; a shared log is
-/// not for this kit's single server).
-fn opened(config: &Config) -> Arc<Shared> {
-    assert!(
-        config.state.fleet.is_none(),
-        "TestIndexer runs one server, not a replica"
-    );
-    let shared = Arc::new(Shared::new(config).expect("starting the query threads"));
-    let opened = kv_state::open::open(&shared.index_cell(), &config.state)
-        .expect("opening the test indexer's state");
-    shared.install(opened.writer);
-    shared
 }
 
 /// A gRPC server with the health service and without KVIndexer, on a port of its own: every
