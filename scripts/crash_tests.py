@@ -204,14 +204,6 @@ def worker_gone(args, logs_root, seed, ttl_s=3):
         ft.stop_all()
 
 
-def over_claims(fleet, traffic):
-    """(over-claimed, under-claimed) placements of the index against every worker's view now."""
-    workers = fleet.worker_views()
-    universe = traffic.universe | {h for v in workers.values() for _, h in v}
-    _, _, over, under, _ = ft.compare(workers, fleet.index_view(universe))
-    return over, under
-
-
 def older_state(args, logs_root, seed, capacity_tokens=4096):
     """The server restarted on an older copy of its state directory (a restored volume
     snapshot): it claims what the workers dropped since, and its bridges were told those
@@ -243,8 +235,8 @@ def older_state(args, logs_root, seed, capacity_tokens=4096):
         fleet.server.start()
         to_serving = wait_ready(admin)
         served = time.time()
-        over_at_start, _ = over_claims(fleet, traffic)
-        ft.wait_until(lambda: over_claims(fleet, traffic)[0] == 0, "no over-claim", timeout=30, interval=0.05)
+        over_at_start = fleet.over_claimed(traffic)
+        ft.wait_until(lambda: fleet.over_claimed(traffic) == 0, "no over-claim", timeout=30, interval=0.05)
         over_zero_s = time.time() - served
         settled = ft.settle(fleet, traffic, time.time(), small)
         return dict(before=newer["expected"], over_at_start=over_at_start, over_zero_s=over_zero_s,

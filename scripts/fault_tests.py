@@ -315,6 +315,13 @@ class Fleet:
                     dest.update((tier["tier"], h) for h in tier["hashes"])
         return held
 
+    def over_claimed(self, traffic, endpoint=None):
+        """Placements the index (at `endpoint`, default the first replica) claims that no
+        worker holds now, over every hash `traffic` could have stored."""
+        workers = self.worker_views()
+        universe = traffic.universe | {h for v in workers.values() for _, h in v}
+        return compare(workers, self.index_view(universe, endpoint))[2]
+
 
 class Traffic:
     """Prompts with shared prefixes to every worker; remembers every hash they could store."""

@@ -264,21 +264,14 @@ class ReplicaFleet:
         return self.wait_fresh(k)
 
 
-def over_claims(fleet, traffic, k):
-    """Placements replica `k` claims that no worker holds now."""
-    workers = fleet.fleet.worker_views()
-    universe = traffic.universe | {h for v in workers.values() for _, h in v}
-    index = fleet.fleet.index_view(universe, endpoint=fleet.fleet.endpoints[k])
-    return ft.compare(workers, index)[2]
-
-
 def time_to_no_over_claims(fleet, traffic, paused):
     """Seconds until no replica over-claims. Traffic pauses while they are counted: with it,
     events in flight always show some (a block evicted, its removal not yet applied)."""
     served = time.time()
     paused.set()
     try:
-        ft.wait_until(lambda: all(over_claims(fleet, traffic, k) == 0 for k in range(fleet.replicas)),
+        replicas = fleet.fleet
+        ft.wait_until(lambda: all(replicas.over_claimed(traffic, e) == 0 for e in replicas.endpoints),
                       "no replica over-claims", timeout=30, interval=0.05)
     finally:
         paused.clear()
