@@ -252,6 +252,22 @@ impl BridgeConfig {
             credentials,
         })
     }
+
+    /// What may be a mistake but can work, for the log at start. An empty worker address is
+    /// allowed because a router may know the worker by its id (`MatchExternalKv` answers name
+    /// it), but prefix queries (`MatchExternalKvPrefix`, what kv-indexer-router and the
+    /// upstream cache-aware router ask) leave such a worker out: it is never routed to for its
+    /// cache.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.worker_address.trim().is_empty() {
+            warnings.push(format!(
+                "KV_INDEXER_WORKER_ADDRESS (--worker-address) is empty: prefix queries leave worker {:?} out, so routers asking them never route to it for its cache; set it to the worker's URL exactly as the router lists it (e.g. http://10.0.0.5:30000)",
+                self.worker_id
+            ));
+        }
+        warnings
+    }
 }
 
 /// The cache spec sent with every request; `None` for a legacy worker.
@@ -425,6 +441,27 @@ mod tests {
             let mut argv = vec!["--worker-id", "w"];
             argv.extend(flags.split(' '));
             check_err(&argv, needle);
+        }
+    }
+
+    #[test]
+    fn warns_about_an_empty_worker_address_only() {
+        for (argv, expected) in [
+            (&["--worker-id", "w"][..], 1),
+            (&["--worker-id", "w", "--worker-address", " "][..], 1),
+            (
+                &["--worker-id", "w", "--worker-address", "http://w:30000"][..],
+                0,
+            ),
+        ] {
+            let warnings = config(argv).unwrap().warnings();
+            assert_eq!(warnings.len(), expected, "{argv:?}: {warnings:?}");
+            for warning in warnings {
+                assert!(
+                    warning.contains("KV_INDEXER_WORKER_ADDRESS (--worker-address) is empty"),
+                    "{warning}"
+                );
+            }
         }
     }
 

@@ -35,7 +35,7 @@ pub mod subscriber;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -49,6 +49,7 @@ pub use self::error::BridgeError;
 
 use self::config::BridgeConfig;
 use self::outbox::{ClearReason, Item, Outbox};
+use self::replay::Replayed;
 use self::sender::Sender;
 use self::sequence::{SeqCheck, SeqTracker};
 use self::stats::Stats;
@@ -57,12 +58,17 @@ use self::subscriber::{Monitor, Subscription};
 /// Replayed batches remembered to tell a duplicate live batch from a publisher restart.
 const REMEMBERED_REPLAYS: usize = 100_000;
 
-/// Runs the bridge until `stop` is cancelled or a permanent error.
+/// Runs the bridge until `stop` is cancelled or a permanent error. Logs the configuration's
+/// warnings and registers the metrics first ([`stats::register`]).
 pub async fn run(
     config: BridgeConfig,
     stats: Arc<Stats>,
     stop: CancellationToken,
 ) -> Result<(), BridgeError> {
+    for warning in config.warnings() {
+        warn!("{warning}");
+    }
+    stats::register(config.queue_batches);
     let outbox = Arc::new(Outbox::new(config.queue_batches));
     let resync = Arc::new(Notify::new());
     let sender = Sender::new(&config, outbox.clone(), stats.clone(), resync.clone())?;
@@ -122,8 +128,10 @@ impl Stream {
     /// away is waited for (see [`subscriber`]), however long.
     async fn run(&mut self, stop: &CancellationToken) {
         let mut reason = ClearReason::Startup;
+        let mut away_since = None;
         loop {
-            let Some(subscription) = subscriber::connect(&self.config, &self.stats, stop).await
+            let Some(subscription) =
+                subscriber::connect(&self.config, &self.stats, away_since, stop).await
             else {
                 return;
             };
@@ -132,7 +140,10 @@ impl Stream {
             self.resync(reason).await;
             match self.follow(subscription, stop).await {
                 Followed::Stopped => return,
-                Followed::Disconnected => reason = ClearReason::Reconnect,
+                Followed::Disconnected => {
+                    reason = ClearReason::Reconnect;
+                    away_since = Some(Instant::now());
+                }
             }
         }
     }
@@ -194,7 +205,7 @@ impl Stream {
         let message = match parse_live(&frames) {
             Ok(message) => message,
             Err(error) => {
-                if let Some(total) = self.stats.batch_skipped("frames") {
+                if let Some(total) = self.stats.batch_skipped(stats::BATCH_SKIP_FRAMES) {
                     warn!(%error, total, "skipping a malformed message");
                 }
                 return;
@@ -204,7 +215,7 @@ impl Stream {
             && !self.config.event_topic.is_empty()
             && topic != self.config.event_topic.as_bytes()
         {
-            if let Some(total) = self.stats.batch_skipped("topic") {
+            if let Some(total) = self.stats.batch_skipped(stats::BATCH_SKIP_TOPIC) {
                 warn!(total, "skipping a message for another topic");
             }
             return;
@@ -250,13 +261,26 @@ impl Stream {
         match replay::fetch(&endpoint, from, self.config.replay_timeout).await {
             Ok(batches) => {
                 let first = batches.first().map(|(seq, _)| *seq);
-                if first == Some(from) {
-                    self.stats.replay("ok");
-                    info!(from, batches = batches.len(), "replayed lost batches");
-                } else {
-                    self.stats.replay("evicted");
-                    warn!(asked = from, first = ?first, "replay starts later than asked: events were lost");
-                    if let Some(reason) = on_loss {
+                let outcome = Replayed::of(from, first, on_loss.is_none());
+                self.stats.replay(outcome);
+                match (outcome, on_loss) {
+                    (Replayed::Ok, _) => {
+                        info!(
+                            from,
+                            batches = batches.len(),
+                            "replayed the publisher's buffer"
+                        );
+                    }
+                    // The worker was just cleared: the index lacks what the publisher no
+                    // longer holds until it is stored again, as expected after a clear.
+                    (_, None) => info!(
+                        asked = from,
+                        first = ?first,
+                        batches = batches.len(),
+                        "replayed the publisher's buffer, which starts later: older blocks are indexed once stored again"
+                    ),
+                    (_, Some(reason)) => {
+                        warn!(asked = from, first = ?first, "replay starts later than asked: events were lost");
                         self.clear(reason);
                     }
                 }
@@ -272,7 +296,7 @@ impl Stream {
                 }
             }
             Err(error) => {
-                self.stats.replay("failed");
+                self.stats.replay(Replayed::Failed);
                 warn!(%error, from, "replay failed: events were lost");
                 if let Some(reason) = on_loss {
                     self.clear(reason);
@@ -290,7 +314,7 @@ impl Stream {
         let mapped = match batch::map(payload, &self.config.clear_tiers) {
             Ok(mapped) => mapped,
             Err(error) => {
-                if let Some(total) = self.stats.batch_skipped("msgpack") {
+                if let Some(total) = self.stats.batch_skipped(stats::BATCH_SKIP_MSGPACK) {
                     warn!(%error, seq, total, "skipping a malformed batch");
                 }
                 return;

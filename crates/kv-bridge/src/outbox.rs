@@ -38,6 +38,15 @@ pub enum ClearReason {
 }
 
 impl ClearReason {
+    pub const ALL: [ClearReason; 6] = [
+        ClearReason::Startup,
+        ClearReason::Reconnect,
+        ClearReason::Gap,
+        ClearReason::Restart,
+        ClearReason::Overflow,
+        ClearReason::IndexLost,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             ClearReason::Startup => "startup",

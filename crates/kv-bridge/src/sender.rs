@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kv_events::{Action, clear_action};
 use kv_index::Tier;
@@ -181,12 +181,25 @@ impl Sender {
         stop: &CancellationToken,
     ) -> Result<bool, BridgeError> {
         let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
+        // Since the first failed attempt: the Indexer is away until an attempt is answered.
+        let mut away_since: Option<Instant> = None;
         loop {
             let call = self.clients[self.current].apply_external_kv_batch(request.clone());
             let result = tokio::select! {
                 () = stop.cancelled() => return Ok(false),
                 result = call => result,
             };
+            let answered = match &result {
+                Ok(_) => true,
+                Err(status) => status.code() == Code::Aborted,
+            };
+            if answered && let Some(since) = away_since.take() {
+                info!(
+                    replica = self.current,
+                    away_ms = since.elapsed().as_millis() as u64,
+                    "the indexer is back: delivering again"
+                );
+            }
             match result {
                 Ok(_) => {
                     self.stats.rpc(Code::Ok);
@@ -216,6 +229,7 @@ impl Sender {
                             message: status.message().to_string(),
                         });
                     }
+                    away_since.get_or_insert_with(Instant::now);
                     let wait = backoff.next_wait();
                     let failed = self.current;
                     // A fleet: the next attempt goes to the next replica.

@@ -4,7 +4,7 @@
 //! refused port within it); failed attempts, a timeout or a publisher that accepts and then
 //! fails the handshake (a worker dying as it starts), are spaced by a jittered backoff.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
@@ -33,10 +33,12 @@ pub struct Subscription {
 }
 
 /// Subscribes to the publisher, retrying every failure until connected; `None` when `stop`
-/// comes first.
+/// comes first. `away_since`: when the publisher went away (its disconnect), if it did. Once
+/// subscribed after an absence (that or failed attempts), logs how long the publisher was away.
 pub async fn connect(
     config: &BridgeConfig,
     stats: &Stats,
+    mut away_since: Option<Instant>,
     stop: &CancellationToken,
 ) -> Option<Subscription> {
     let mut backoff = Backoff::new(RECONNECT_START, RECONNECT_MAX);
@@ -46,12 +48,20 @@ pub async fn connect(
             () = stop.cancelled() => return None,
             attempt = attempt(config) => match attempt {
                 Ok(subscription) => {
-                    info!(endpoint = %config.event_endpoint, "subscribed");
+                    match away_since {
+                        Some(since) => info!(
+                            endpoint = %config.event_endpoint,
+                            away_ms = since.elapsed().as_millis() as u64,
+                            "the publisher is back: subscribed"
+                        ),
+                        None => info!(endpoint = %config.event_endpoint, "subscribed"),
+                    }
                     return Some(subscription);
                 }
                 Err(error) => error,
             },
         };
+        away_since.get_or_insert_with(Instant::now);
         let wait = backoff.next_wait();
         if let Some(total) = stats.connect_failed() {
             warn!(

@@ -5,8 +5,10 @@
 //! - [`throttle`]: logs at doubling totals, so a sustained stream does not flood them;
 //! - [`telemetry`]: the log subscriber and the Prometheus recorder, with its upkeep and its
 //!   `/metrics` endpoint;
+//! - [`buckets`]: histogram buckets, so that every latency is bucketed alike;
 //! - [`secret`]: secret settings that never print, bearer-token syntax and PEM files.
 
+pub mod buckets;
 pub mod secret;
 pub mod signal;
 #[cfg(feature = "telemetry")]

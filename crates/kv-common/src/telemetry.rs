@@ -3,7 +3,8 @@
 //! The recorder is process-global (the `metrics` facade). Histogram samples are kept until an
 //! upkeep folds them into buckets; `install_recorder` leaves that to its caller, so
 //! [`Metrics::install`] always starts an upkeep task beside the handle: a process that nobody
-//! scrapes keeps flat memory.
+//! scrapes keeps flat memory. What it adds to every series and which buckets each histogram
+//! gets is its [`Exposition`].
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -16,6 +17,8 @@ use tracing_subscriber::EnvFilter;
 
 /// How often the upkeep folds histogram samples into their buckets.
 pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+pub use crate::buckets::{SECONDS_1MS_TO_60S, SECONDS_10US_TO_1S};
 
 /// Logs to stderr with `RUST_LOG` as the filter (default `info`).
 pub fn init_tracing() {
@@ -47,6 +50,15 @@ pub enum MetricsError {
     Serve(#[source] std::io::Error),
 }
 
+/// How the recorder exposes what it records.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Exposition<'a> {
+    /// Histogram buckets per metric name; a histogram without is rendered as a summary.
+    pub buckets: &'a [(&'static str, &'a [f64])],
+    /// Labels every series carries (`name`, `value`), such as the bridge's `worker`.
+    pub labels: &'a [(&'static str, &'a str)],
+}
+
 /// The installed recorder's handle.
 #[derive(Clone)]
 pub struct Metrics {
@@ -55,10 +67,9 @@ pub struct Metrics {
 
 impl Metrics {
     /// Installs the global recorder once per process (later calls return the first one; their
-    /// buckets are ignored), with histogram buckets per metric name, and spawns its upkeep on
-    /// the current runtime until `stop`.
+    /// `exposition` is ignored) and spawns its upkeep on the current runtime until `stop`.
     pub fn install(
-        buckets: &[(&'static str, &[f64])],
+        exposition: Exposition<'_>,
         stop: &CancellationToken,
     ) -> Result<Metrics, MetricsError> {
         static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -68,10 +79,13 @@ impl Metrics {
             });
         }
         let mut builder = PrometheusBuilder::new();
-        for &(metric, bounds) in buckets {
+        for &(metric, bounds) in exposition.buckets {
             builder = builder
                 .set_buckets_for_metric(Matcher::Full(metric.into()), bounds)
                 .map_err(|source| MetricsError::Buckets { metric, source })?;
+        }
+        for &(name, value) in exposition.labels {
+            builder = builder.add_global_label(name, value);
         }
         let handle = builder.install_recorder().map_err(MetricsError::Install)?;
         let handle = HANDLE.get_or_init(|| handle).clone();
@@ -152,12 +166,12 @@ pub async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener
 pub async fn serve_on(
     setting: &'static str,
     addr: SocketAddr,
-    buckets: &[(&'static str, &[f64])],
+    exposition: Exposition<'_>,
     pages: Vec<Page>,
     stop: &CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), MetricsError>>, MetricsError> {
     let listener = bind(setting, addr).await?;
-    let metrics = Metrics::install(buckets, stop)?;
+    let metrics = Metrics::install(exposition, stop)?;
     tracing::info!(%addr, "serving metrics on /metrics");
     Ok(tokio::spawn(metrics.serve(listener, pages, stop.clone())))
 }

@@ -26,7 +26,13 @@ use tracing::debug;
 
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::outcome::{self, HitCount, NodeMatch, PrefixOutcome, QueryError};
-use crate::security::{ClientSecurity, Grpc, SecurityError};
+use crate::security::{Authorize, ClientSecurity, Grpc, SecurityError};
+
+/// The standard health service's client, with the token on every call.
+type HealthClient = tonic_health::pb::health_client::HealthClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Authorize>,
+>;
+pub use tonic_health::pb::health_check_response::ServingStatus;
 
 /// The router contract's default per-query deadline.
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_millis(100);
@@ -83,6 +89,7 @@ pub enum ClientError {
 struct Replica {
     endpoint: Endpoint,
     client: Grpc,
+    health: HealthClient,
 }
 
 /// The router's client of the Indexer; cheap to share (`&self` everywhere), one lazily
@@ -118,8 +125,13 @@ impl IndexerClient {
                     .connect_timeout(config.connect_timeout)
                     .tcp_nodelay(true)
                     .connect_lazy();
-                let client = credentials.client(channel);
-                Ok(Replica { endpoint, client })
+                let client = credentials.client(channel.clone());
+                let health = HealthClient::new(credentials.authorized(channel));
+                Ok(Replica {
+                    endpoint,
+                    client,
+                    health,
+                })
             })
             .collect::<Result<Vec<_>, ClientError>>()?;
         Ok(IndexerClient {
@@ -140,14 +152,44 @@ impl IndexerClient {
         self.max_inflight - self.admission.available_permits()
     }
 
+    /// Every replica's answer to the standard health check of the whole server
+    /// (`grpc.health.v1.Health/Check`, service ""), in order, each within the query timeout:
+    /// `NotServing` while a server recovers its state or a replica lags its shared log.
+    pub async fn health(&self) -> Vec<(&Endpoint, Result<ServingStatus, QueryError>)> {
+        let mut answers = Vec::with_capacity(self.replicas.len());
+        for replica in &self.replicas {
+            let mut request = Request::new(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            });
+            request.set_timeout(self.query_timeout);
+            let mut health = replica.health.clone();
+            let answer = match tokio::time::timeout(self.query_timeout, health.check(request)).await
+            {
+                Ok(Ok(response)) => Ok(response.into_inner().status()),
+                Ok(Err(status)) => Err(transport_is_unavailable(status).into()),
+                Err(_) => Err(self.spent().into()),
+            };
+            answers.push((&replica.endpoint, answer));
+        }
+        answers
+    }
+
     /// The workers holding the longest prefix of a prompt's block `hashes` (prompt order).
     ///
     /// A prompt longer than one message can carry sends only its first
     /// [`MAX_PREFIX_HASHES`] hashes; the outcome still reports the full `query_blocks`, so a
     /// ratio against it is a lower bound. An empty prompt is `NoMatch` without a query.
     pub async fn longest_prefix(&self, hashes: &[i64]) -> PrefixOutcome {
+        self.longest_prefix_or_status(hashes)
+            .await
+            .unwrap_or_else(|status| PrefixOutcome::from_status(&status))
+    }
+
+    /// [`IndexerClient::longest_prefix`], with a failed query's status (its code and the
+    /// server's reason, such as a replica still recovering its state) instead of its outcome.
+    pub async fn longest_prefix_or_status(&self, hashes: &[i64]) -> Result<PrefixOutcome, Status> {
         if hashes.is_empty() {
-            return PrefixOutcome::NoMatch;
+            return Ok(PrefixOutcome::NoMatch);
         }
         let sent = &hashes[..hashes.len().min(MAX_PREFIX_HASHES)];
         let message = pb::MatchExternalKvPrefixRequest {
@@ -160,10 +202,7 @@ impl IndexerClient {
                 client.match_external_kv_prefix(request).await
             })
             .await;
-        match answer {
-            Ok(response) => PrefixOutcome::from_response(response, hashes.len(), sent.len()),
-            Err(status) => PrefixOutcome::from_status(&status),
-        }
+        answer.map(|response| PrefixOutcome::from_response(response, hashes.len(), sent.len()))
     }
 
     /// Every worker's placements of `hashes` (`MatchExternalKv`); `count_as_hit` adds one to

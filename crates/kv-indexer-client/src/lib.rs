@@ -27,7 +27,7 @@ pub mod security;
 pub mod tokenize;
 pub mod tokenizer;
 
-pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES};
+pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES, ServingStatus};
 pub use endpoint::{Endpoint, EndpointError};
 pub use hashing::{HashConfig, block_hashes};
 pub use outcome::{
@@ -35,4 +35,4 @@ pub use outcome::{
 };
 pub use security::{ClientSecurity, Credentials, SecurityError};
 pub use tokenize::simple_tokenize;
-pub use tonic::Code;
+pub use tonic::{Code, Status};

@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use crate::observe::{Answer, RequestMetrics};
 use crate::policy::{Decision, Policy, Rejected};
-use crate::workers::{LoadGuard, Worker, Workers};
+use crate::workers::{LoadGuard, Recheck, Worker, Workers};
 
 pub struct AppState {
     pub workers: Arc<Workers>,
@@ -39,18 +39,25 @@ pub struct AppState {
     pub model_id: String,
 }
 
+/// The proxied routes, and how each finds the prompt's tokens in its JSON request.
+const PROXIED: [(&str, PromptTokens); 3] = [
+    ("/generate", generate_tokens),
+    ("/v1/completions", completion_tokens),
+    ("/v1/chat/completions", chat_tokens),
+];
+
+/// The routes proxied to a worker (a metrics label).
+pub fn proxied_routes() -> impl Iterator<Item = &'static str> {
+    PROXIED.iter().map(|&(route, _)| route)
+}
+
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/generate", proxied("/generate", generate_tokens))
-        .route(
-            "/v1/completions",
-            proxied("/v1/completions", completion_tokens),
-        )
-        .route(
-            "/v1/chat/completions",
-            proxied("/v1/chat/completions", chat_tokens),
-        )
-        .route("/health", get(|| async { "ok" }))
+    PROXIED
+        .into_iter()
+        .fold(Router::new(), |app, (route, tokens)| {
+            app.route(route, proxied(route, tokens))
+        })
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/metrics", get(render_metrics))
         .with_state(state)
@@ -68,8 +75,10 @@ pub enum AppError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Chat(#[from] ChatError),
-    #[error("no healthy worker")]
-    NoHealthyWorker,
+    #[error(
+        "no healthy worker: none of the {workers} workers passes its health check (GET /health) with the first worker's block hashing"
+    )]
+    NoHealthyWorker { workers: usize },
     #[error(transparent)]
     Rejected(#[from] Rejected),
     #[error("worker {url} failed")]
@@ -89,7 +98,9 @@ impl AppError {
             | AppError::BadRequest(_)
             | AppError::Tokenizer(_)
             | AppError::Chat(_) => StatusCode::BAD_REQUEST,
-            AppError::NoHealthyWorker | AppError::Rejected(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AppError::NoHealthyWorker { .. } | AppError::Rejected(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             AppError::Worker { .. } => StatusCode::BAD_GATEWAY,
             AppError::MetricsOff => StatusCode::NOT_FOUND,
         }
@@ -158,6 +169,27 @@ fn chat_tokens(state: &AppState, request: &Value) -> Result<Vec<u64>, AppError> 
     Ok(state.tokenizer.encode_rendered(&text)?)
 }
 
+/// `GET /health`: 200 when the router can route a request now, that is when a worker passes
+/// its health check; else 503 saying why. The Indexer is not part of it: unreachable, the
+/// router routes by load, so failing its health would take every router out of service for the
+/// loss of cache affinity only. The body says what the router knows: workers, routable
+/// workers, and the block size once learned (`null` before; until then cache-aware routing
+/// goes by load).
+async fn health(State(state): State<Arc<AppState>>) -> Result<axum::Json<Value>, AppError> {
+    let workers = state.workers.list.len();
+    let routable = state.workers.routable().len();
+    if routable == 0 {
+        return Err(AppError::NoHealthyWorker { workers });
+    }
+    let block_size = state.hashing.read().map(|hashing| hashing.block_size);
+    Ok(axum::Json(serde_json::json!({
+        "status": "ok",
+        "workers": workers,
+        "routable_workers": routable,
+        "block_size": block_size,
+    })))
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(
         serde_json::json!({"object": "list", "data": [{"id": state.model_id, "object": "model"}]}),
@@ -189,7 +221,11 @@ async fn forward(
     };
     let decision = match state.policy.choose(&state.workers, tokens).await {
         Ok(Some(decision)) => decision,
-        Ok(None) => return Err(refused(AppError::NoHealthyWorker)),
+        Ok(None) => {
+            return Err(refused(AppError::NoHealthyWorker {
+                workers: state.workers.list.len(),
+            }));
+        }
         Err(rejected) => {
             warn!(%rejected, "indexer rejected the query: failing the request");
             return Err(refused(AppError::Rejected(rejected)));
@@ -279,12 +315,18 @@ fn relay(
         HeaderValue::from(decision.matched_blocks),
     );
     headers.insert("x-query-blocks", HeaderValue::from(decision.query_blocks));
+    headers.insert(
+        "x-matched-tokens",
+        HeaderValue::from(decision.matched_tokens),
+    );
     reply
 }
 
 /// Learns the block size and bigram mode from the first worker whose `/server_info` answers,
-/// then refuses workers whose block size differs. Retries until it has learned.
+/// then refuses workers whose block size differs. Retries until it has learned, soon at first
+/// ([`Recheck`]), then every `every`.
 pub async fn learn_hashing(state: Arc<AppState>, every: Duration) {
+    let mut recheck = Recheck::new(every);
     loop {
         let mut learned = *state.hashing.read();
         for worker in &state.workers.list {
@@ -330,6 +372,6 @@ pub async fn learn_hashing(state: Arc<AppState>, every: Duration) {
         if learned.is_some() {
             return;
         }
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(recheck.after(false)).await;
     }
 }

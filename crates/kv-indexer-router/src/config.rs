@@ -100,11 +100,13 @@ pub struct Args {
     /// prompt's prefix before (conversation affinity) before routing by load. Off by default:
     /// on both Mooncake traces it gained no hits and cost time to first token
     /// (`bench/routing/decisions.md`).
+    /// Takes 1/0, true/false, yes/no, on/off.
     #[arg(
         long,
         env = "KV_ROUTER_CONVERSATION_AFFINITY",
         default_value_t = false,
-        action = clap::ArgAction::Set
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub conversation_affinity: bool,
     /// A `tokenizer.json`, or a directory holding one, encoding with special tokens as SGLang
@@ -157,7 +159,7 @@ pub enum ConfigError {
          --kv-indexer-endpoint (KV_INDEXER_ENDPOINT)"
     )]
     IndexerWithoutEndpoint,
-    #[error("the Indexer TLS or token settings")]
+    #[error("{}", security_setting(.0))]
     Security(#[source] SecurityError),
     #[error("--worker-urls (KV_ROUTER_WORKER_URLS): {url:?} is not an http(s)://host:port URL")]
     WorkerUrl { url: String },
@@ -252,6 +254,18 @@ fn selection(args: &Args) -> Result<Selection, ConfigError> {
             )?,
         },
     })
+}
+
+/// The settings a client security error is about, as the flags and variables the router reads
+/// (a bad file names its variable in the error itself).
+fn security_setting(error: &SecurityError) -> &'static str {
+    match error {
+        SecurityError::BadToken => "--indexer-token (KV_INDEXER_TOKEN)",
+        SecurityError::HalfIdentity => {
+            "--indexer-client-cert (KV_INDEXER_CLIENT_CERT) and --indexer-client-key (KV_INDEXER_CLIENT_KEY)"
+        }
+        _ => "the Indexer TLS settings",
+    }
 }
 
 /// `value` when `ok`, else the error naming the flag, its variable and `reason`.
@@ -385,6 +399,31 @@ mod tests {
     }
 
     #[test]
+    fn a_boolean_takes_1_0_true_false_yes_no_on_off() {
+        for (value, expected) in [
+            ("1", true),
+            ("0", false),
+            ("true", true),
+            ("false", false),
+            ("yes", true),
+            ("no", false),
+            ("on", true),
+            ("off", false),
+            ("TRUE", true),
+            ("Off", false),
+        ] {
+            let c = config(&[
+                "--worker-urls",
+                "http://a:1",
+                "--conversation-affinity",
+                value,
+            ])
+            .unwrap_or_else(|error| panic!("{value:?} refused: {error}"));
+            assert_eq!(c.conversation_affinity, expected, "{value:?}");
+        }
+    }
+
+    #[test]
     fn radix_tree_without_an_endpoint() {
         let c = config(&["--worker-urls", "http://a:1"]).unwrap();
         assert_eq!(c.provider, PrefixProvider::RadixTree);
@@ -413,6 +452,10 @@ mod tests {
                 "KV_ROUTER_CACHE_PREFIX_PROVIDER",
             ),
             (&["--worker-urls", "a:1"][..], "KV_ROUTER_WORKER_URLS"),
+            (
+                &["--worker-urls", "http://a:1", "--indexer-token", "a b"][..],
+                "--indexer-token (KV_INDEXER_TOKEN): the Indexer token must be visible ASCII",
+            ),
         ] {
             let error = config(argv).expect_err("must be rejected");
             assert!(

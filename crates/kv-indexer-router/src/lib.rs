@@ -41,9 +41,10 @@ use tokio::net::TcpListener;
 
 use crate::app::AppState;
 use crate::config::{PolicyName, PrefixProvider, RouterConfig, TOKENIZER_SETTING};
+use crate::observe::{IndexerMetrics, RequestMetrics};
 use crate::policy::{CacheAware, Policy, PrefixSource};
 use crate::radix::RadixTree;
-use crate::workers::Workers;
+use crate::workers::{Recheck, Workers};
 
 /// Why the router cannot start or stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -61,11 +62,13 @@ pub enum RouterError {
 }
 
 /// Builds the router's state from a validated config. `metrics` serves `/metrics`; install it
-/// before calling this, as the state registers its metrics handles.
+/// before calling this, as the state describes the metrics and registers their handles (the
+/// series known at start at 0: [`observe`]).
 pub fn state(
     config: &RouterConfig,
     metrics: Option<Metrics>,
 ) -> Result<Arc<AppState>, RouterError> {
+    observe::describe();
     let hashing = Arc::new(RwLock::new(None));
     let http = reqwest::Client::builder()
         .build()
@@ -78,9 +81,11 @@ pub fn state(
                     client_config.query_timeout = config.query_timeout;
                     client_config.max_inflight = config.query_max_inflight;
                     client_config.security = config.indexer_security.clone();
+                    let metrics = IndexerMetrics::default();
+                    metrics.register(&policy::query_outcomes());
                     PrefixSource::Indexer {
                         client: IndexerClient::new(client_config).map_err(RouterError::Indexer)?,
-                        metrics: Default::default(),
+                        metrics,
                     }
                 }
                 (PrefixProvider::Oracle, _) => PrefixSource::Oracle { http: http.clone() },
@@ -105,6 +110,11 @@ pub fn state(
         Some(path) => ChatTemplate::load(TOKENIZER_SETTING, path)?,
         None => None,
     };
+    let observe = RequestMetrics::default();
+    observe.register(
+        &app::proxied_routes().collect::<Vec<_>>(),
+        &policy.reasons(),
+    );
     Ok(Arc::new(AppState {
         workers: Arc::new(Workers::new(&config.worker_urls)),
         policy,
@@ -113,13 +123,14 @@ pub fn state(
         chat,
         hashing,
         metrics,
-        observe: Default::default(),
+        observe,
         model_id: config.model_id.clone(),
     }))
 }
 
 /// Serves the router on `listener` until `shutdown`, with health checks and hashing discovery
-/// in the background.
+/// in the background: each checks again soon after a failure ([`Recheck`]), so workers that
+/// start listening after the router are routed to at once.
 pub async fn run(
     listener: TcpListener,
     state: Arc<AppState>,
@@ -131,11 +142,12 @@ pub async fn run(
     {
         let (state, every, stop) = (state.clone(), config.health_interval, stop.clone());
         background.spawn(async move {
+            let mut recheck = Recheck::new(every);
             loop {
-                state.workers.check_health(&state.http, every).await;
+                let passed = state.workers.check_health(&state.http, every).await;
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = tokio::time::sleep(every) => {}
+                    () = tokio::time::sleep(recheck.after(passed)) => {}
                 }
             }
         });

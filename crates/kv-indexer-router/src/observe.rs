@@ -4,17 +4,63 @@
 //! outcomes) and each worker's URL is one shared string built at start ([`Worker::label`]).
 //!
 //! The process-wide recorder must be installed before the first request (the binary does it
-//! before building the state); without one every handle records nothing.
+//! before building the state); without one every handle records nothing. Building the state
+//! describes every metric ([`describe`]) and registers the series whose labels are known at
+//! start at 0, so that each is exported before its first event.
 //!
 //! [`Worker::label`]: crate::workers::Worker::label
 
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use metrics::{Counter, Histogram, SharedString};
+use kv_common::telemetry::{SECONDS_1MS_TO_60S, SECONDS_10US_TO_1S};
+use metrics::{Counter, Histogram, SharedString, Unit};
 use parking_lot::RwLock;
 
 use crate::workers::Workers;
+
+/// The histograms and their buckets, for `kv_common::telemetry::Metrics::install`.
+pub const BUCKETS: &[(&str, &[f64])] = &[
+    ("kv_router_indexer_query_seconds", SECONDS_10US_TO_1S),
+    (
+        "kv_router_worker_response_start_seconds",
+        SECONDS_1MS_TO_60S,
+    ),
+];
+
+/// Gives every metric of the router its `# HELP` text.
+pub fn describe() {
+    metrics::describe_counter!(
+        "kv_router_requests_total",
+        Unit::Count,
+        "Proxied requests answered, by route, HTTP status and the worker URL that answered (\"none\": the router answered itself)"
+    );
+    metrics::describe_counter!(
+        "kv_router_decisions_total",
+        Unit::Count,
+        "Routing decisions, by the reason the worker was chosen (cache_hit, no_usable_match, an Indexer fallback such as unreachable, ...)"
+    );
+    metrics::describe_histogram!(
+        "kv_router_worker_response_start_seconds",
+        Unit::Seconds,
+        "Seconds from sending a request to a worker to the start of its answer (headers), by route"
+    );
+    metrics::describe_counter!(
+        "kv_router_indexer_queries_total",
+        Unit::Count,
+        "Prefix queries to the Indexer, by outcome (matched, no_match, unreachable, timeout, overloaded, too_large, rejected)"
+    );
+    metrics::describe_histogram!(
+        "kv_router_indexer_query_seconds",
+        Unit::Seconds,
+        "Seconds a prefix query to the Indexer took, by outcome"
+    );
+    metrics::describe_gauge!(
+        "kv_router_worker_healthy",
+        Unit::Count,
+        "1 while the worker passes its health check (GET /health), else 0, by worker URL"
+    );
+}
 
 /// The handles of one metric name, one per label set.
 #[derive(Debug)]
@@ -31,6 +77,11 @@ impl<K, H> Default for Family<K, H> {
 }
 
 impl<K: Hash + Eq + Copy, H: Clone> Family<K, H> {
+    /// Registers the handle for `key` by `register`, unless it is already.
+    fn register(&self, key: K, register: impl FnOnce() -> H) {
+        self.get(key, register);
+    }
+
     /// The handle for `key`, registered by `register` the first time.
     fn get(&self, key: K, register: impl FnOnce() -> H) -> H {
         if let Some(handle) = self.seen.read().get(&key) {
@@ -62,6 +113,18 @@ pub struct RequestMetrics {
 }
 
 impl RequestMetrics {
+    /// Registers, at 0, the decisions of each of `reasons` and the response start of each of
+    /// `routes`.
+    pub fn register(&self, routes: &[&'static str], reasons: &[&'static str]) {
+        for &reason in reasons {
+            self.decisions.register(reason, || decisions(reason));
+        }
+        for &route in routes {
+            self.response_start
+                .register(route, || response_start(route));
+        }
+    }
+
     /// `kv_router_requests_total{route, status, worker}`, `worker` being the URL of a worker
     /// of `workers` or `none`.
     pub fn request(&self, route: &'static str, answer: Answer, workers: &Workers) {
@@ -86,22 +149,24 @@ impl RequestMetrics {
     /// `kv_router_decisions_total{reason}`.
     pub fn decision(&self, reason: &'static str) {
         self.decisions
-            .get(
-                reason,
-                || metrics::counter!("kv_router_decisions_total", "reason" => reason),
-            )
+            .get(reason, || decisions(reason))
             .increment(1);
     }
 
     /// `kv_router_worker_response_start_seconds{route}`.
     pub fn response_start(&self, route: &'static str, seconds: f64) {
         self.response_start
-            .get(
-                route,
-                || metrics::histogram!("kv_router_worker_response_start_seconds", "route" => route),
-            )
+            .get(route, || response_start(route))
             .record(seconds);
     }
+}
+
+fn decisions(reason: &'static str) -> Counter {
+    metrics::counter!("kv_router_decisions_total", "reason" => reason)
+}
+
+fn response_start(route: &'static str) -> Histogram {
+    metrics::histogram!("kv_router_worker_response_start_seconds", "route" => route)
 }
 
 /// What the Indexer policy records per query.
@@ -111,17 +176,26 @@ pub struct IndexerMetrics {
 }
 
 impl IndexerMetrics {
+    /// Registers, at 0, the queries of each of `outcomes`.
+    pub fn register(&self, outcomes: &[&'static str]) {
+        for &outcome in outcomes {
+            self.queries.register(outcome, || queries(outcome));
+        }
+    }
+
     /// `kv_router_indexer_queries_total{outcome}` and `kv_router_indexer_query_seconds{outcome}`.
     pub fn query(&self, outcome: &'static str, seconds: f64) {
-        let (count, latency) = self.queries.get(outcome, || {
-            (
-                metrics::counter!("kv_router_indexer_queries_total", "outcome" => outcome),
-                metrics::histogram!("kv_router_indexer_query_seconds", "outcome" => outcome),
-            )
-        });
+        let (count, latency) = self.queries.get(outcome, || queries(outcome));
         latency.record(seconds);
         count.increment(1);
     }
+}
+
+fn queries(outcome: &'static str) -> (Counter, Histogram) {
+    (
+        metrics::counter!("kv_router_indexer_queries_total", "outcome" => outcome),
+        metrics::histogram!("kv_router_indexer_query_seconds", "outcome" => outcome),
+    )
 }
 
 #[cfg(test)]

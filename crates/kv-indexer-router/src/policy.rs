@@ -80,8 +80,40 @@ pub struct Decision {
     pub matched_blocks: u32,
     /// Blocks in the query.
     pub query_blocks: usize,
-    /// Estimated reusable tokens on the chosen worker.
+    /// Reusable tokens on the chosen worker: its matched blocks times the block size, at most
+    /// the prompt (tier-weighted for sources that know tiers; the radix tree's own count).
     pub matched_tokens: usize,
+}
+
+/// The outcomes of a prefix query that route by load ([`Reason::IndexerFallback`]).
+const FALLBACKS: [PrefixOutcome; 4] = [
+    PrefixOutcome::Unreachable,
+    PrefixOutcome::Timeout,
+    PrefixOutcome::Overloaded,
+    PrefixOutcome::TooLarge,
+];
+
+/// Every outcome of a prefix query, as metrics labels: the series of
+/// `kv_router_indexer_queries_total` exported from start.
+pub fn query_outcomes() -> Vec<&'static str> {
+    let answered = [
+        PrefixOutcome::Matched {
+            matches: Vec::new(),
+            best_prefix_blocks: 0,
+            query_blocks: 0,
+            blocks_read: 0,
+        },
+        PrefixOutcome::NoMatch,
+        PrefixOutcome::Rejected {
+            code: tonic::Code::Unknown,
+            message: String::new(),
+        },
+    ];
+    answered
+        .iter()
+        .chain(&FALLBACKS)
+        .map(PrefixOutcome::label)
+        .collect()
 }
 
 /// The Indexer could not be used and the request must fail: the two sides disagree on the
@@ -128,6 +160,42 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// Every reason this policy can give, as metrics labels: the series of
+    /// `kv_router_decisions_total` exported from start.
+    pub fn reasons(&self) -> Vec<&'static str> {
+        let reasons = match self {
+            Policy::RoundRobin(_) => vec![Reason::RoundRobin],
+            Policy::Random => vec![Reason::Random],
+            Policy::PowerOfTwo => vec![Reason::PowerOfTwo],
+            Policy::CacheAware(policy) => {
+                let mut reasons = match policy.source {
+                    PrefixSource::Radix => vec![Reason::RadixHit, Reason::RadixMiss],
+                    PrefixSource::Oracle { .. } => vec![
+                        Reason::CacheHit,
+                        Reason::NoUsableMatch,
+                        Reason::HashingUnknown,
+                    ],
+                    PrefixSource::Indexer { .. } => [
+                        Reason::CacheHit,
+                        Reason::NoUsableMatch,
+                        Reason::HashingUnknown,
+                    ]
+                    .into_iter()
+                    .chain(FALLBACKS.map(|outcome| Reason::IndexerFallback(outcome.label())))
+                    .collect(),
+                };
+                if policy.tree.is_some() && !matches!(policy.source, PrefixSource::Radix) {
+                    reasons.push(Reason::Affinity);
+                }
+                if policy.selection.pressure_abs_threshold_tokens.is_some() {
+                    reasons.push(Reason::PressureGuard);
+                }
+                reasons
+            }
+        };
+        reasons.into_iter().map(Reason::label).collect()
+    }
+
     /// Chooses among the routable workers for a prompt of `tokens`. `None` when no worker is
     /// routable.
     pub async fn choose(
@@ -335,7 +403,12 @@ impl CacheAware {
                 let start = Instant::now();
                 let outcome = client.longest_prefix(&hashes).await;
                 metrics.query(outcome.label(), start.elapsed().as_secs_f64());
-                self.indexer_answer(workers, tokens, hashes.len(), outcome)
+                let asked = Asked {
+                    prompt_tokens: tokens.len(),
+                    block_size: config.block_size,
+                    hashed_blocks: hashes.len(),
+                };
+                self.indexer_answer(workers, asked, outcome)
             }
             PrefixSource::Oracle { http } => {
                 let views = oracle::cached_prefixes(http, workers, routable, &hashes).await;
@@ -363,13 +436,14 @@ impl CacheAware {
         }
     }
 
-    /// The Indexer's outcome as candidates: matched tokens ≈ prompt tokens × matched blocks ÷
-    /// query blocks, for routable workers whose URL is the answer's address byte for byte.
+    /// The Indexer's outcome as candidates, for routable workers whose URL is the answer's
+    /// address byte for byte: matched tokens = matched blocks × block size, at most the prompt
+    /// (a matched last block may be partial). Exact, where the upstream router's estimate
+    /// (prompt tokens × matched blocks ÷ query blocks) is off by up to a block.
     fn indexer_answer(
         &self,
         workers: &Workers,
-        tokens: &[u64],
-        hashed_blocks: usize,
+        asked: Asked,
         outcome: PrefixOutcome,
     ) -> Result<Exact, Rejected> {
         let (matches, query_blocks): (Vec<PrefixMatch>, usize) = match outcome {
@@ -378,7 +452,7 @@ impl CacheAware {
                 query_blocks,
                 ..
             } => (matches, query_blocks),
-            PrefixOutcome::NoMatch => (Vec::new(), hashed_blocks),
+            PrefixOutcome::NoMatch => (Vec::new(), asked.hashed_blocks),
             PrefixOutcome::Rejected { code, message } => return Err(Rejected { code, message }),
             other => {
                 let label = other.label();
@@ -406,9 +480,20 @@ impl CacheAware {
             exact.matched_blocks.push((worker, blocks));
             exact.candidates.push(Candidate {
                 worker,
-                matched_tokens: tokens.len() * blocks as usize / query_blocks.max(1),
+                matched_tokens: (blocks as usize)
+                    .saturating_mul(asked.block_size)
+                    .min(asked.prompt_tokens),
             });
         }
         Ok(exact)
     }
+}
+
+/// What a prefix query to the Indexer asked.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    prompt_tokens: usize,
+    block_size: usize,
+    /// The prompt's blocks (the last one may be partial).
+    hashed_blocks: usize,
 }

@@ -1,5 +1,9 @@
 //! The worker registry: URLs, health, and each worker's load: active requests and prefill
 //! pressure (the uncached prompt tokens of requests whose first token has not come back).
+//!
+//! A worker's URL is used exactly as configured, with no normalisation: it is matched byte for
+//! byte to the Indexer's answers (the address its bridge sends, `KV_INDEXER_WORKER_ADDRESS`)
+//! and is the `worker` label of the router's metrics, so that label equals the bridge's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -33,9 +37,11 @@ pub struct Worker {
 impl Worker {
     fn new(url: &str) -> Worker {
         let label = SharedString::from(Arc::<str>::from(url));
+        let healthy_gauge = metrics::gauge!("kv_router_worker_healthy", "worker" => label.clone());
+        healthy_gauge.set(1.0);
         Worker {
             url: url.to_string(),
-            healthy_gauge: metrics::gauge!("kv_router_worker_healthy", "worker" => label.clone()),
+            healthy_gauge,
             label,
             healthy: AtomicBool::new(true),
             refused: AtomicBool::new(false),
@@ -107,7 +113,7 @@ pub struct Workers {
 
 impl Workers {
     /// The registry of `urls`, each healthy until checked. Registers each worker's health
-    /// gauge: install the metrics recorder first.
+    /// gauge (at 1): install the metrics recorder first.
     pub fn new(urls: &[String]) -> Workers {
         Workers {
             list: urls.iter().map(|url| Worker::new(url)).collect(),
@@ -148,8 +154,9 @@ impl Workers {
         }
     }
 
-    /// Checks `GET /health` of every worker once.
-    pub async fn check_health(&self, http: &reqwest::Client, timeout: Duration) {
+    /// Checks `GET /health` of every worker once; true when every one passed.
+    pub async fn check_health(&self, http: &reqwest::Client, timeout: Duration) -> bool {
+        let mut all = true;
         for worker in &self.list {
             let healthy = matches!(
                 http.get(format!("{}/health", worker.url)).timeout(timeout).send().await,
@@ -164,6 +171,65 @@ impl Workers {
                 }
             }
             worker.healthy_gauge.set(f64::from(u8::from(healthy)));
+            all &= healthy;
         }
+        all
+    }
+}
+
+/// The first pause before checking again what failed (a worker's health, its block hashing).
+pub const RECHECK_START: Duration = Duration::from_millis(100);
+
+/// When to check again: after a check that failed, [`RECHECK_START`] doubling up to the
+/// interval; after one that passed, the interval. So a worker that starts listening just after
+/// the router (as when both start together) joins within a fraction of a second instead of a
+/// whole interval later, and a worker that stays down costs a check per interval.
+#[derive(Debug, Clone)]
+pub struct Recheck {
+    interval: Duration,
+    next: Duration,
+}
+
+impl Recheck {
+    pub fn new(interval: Duration) -> Recheck {
+        Recheck {
+            interval,
+            next: RECHECK_START.min(interval),
+        }
+    }
+
+    /// The pause after a check that `passed`.
+    pub fn after(&mut self, passed: bool) -> Duration {
+        if passed {
+            self.next = RECHECK_START.min(self.interval);
+            return self.interval;
+        }
+        let pause = self.next;
+        self.next = (pause * 2).min(self.interval);
+        pause
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rechecks_a_failure_soon_then_less_often_and_a_pass_at_the_interval() {
+        let ms = Duration::from_millis;
+        let mut recheck = Recheck::new(ms(1000));
+        let failing: Vec<Duration> = (0..6).map(|_| recheck.after(false)).collect();
+        assert_eq!(
+            failing,
+            [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]
+        );
+        assert_eq!(recheck.after(true), ms(1000));
+        assert_eq!(
+            recheck.after(false),
+            ms(100),
+            "a new failure starts soon again"
+        );
+        let mut short = Recheck::new(ms(50));
+        assert_eq!([short.after(false), short.after(false)], [ms(50), ms(50)]);
     }
 }

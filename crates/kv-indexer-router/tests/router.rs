@@ -18,6 +18,14 @@ const BLOCK: usize = 16;
 
 /// A fake SGLang worker answering `/generate` with its own name, in one piece or as SSE.
 async fn fake_worker(name: &'static str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    serve_fake_worker(listener, name);
+    format!("http://{addr}")
+}
+
+/// [`fake_worker`] on `listener`.
+fn serve_fake_worker(listener: TcpListener, name: &'static str) {
     let app = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route(
@@ -53,10 +61,7 @@ async fn fake_worker(name: &'static str) -> String {
             "/v1/completions",
             post(move || async move { axum::Json(json!({"worker": name})) }),
         );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}")
 }
 
 /// A fake SGLang worker that takes every `/generate` and never answers: its requests stay
@@ -278,6 +283,82 @@ async fn takes_unhealthy_workers_out_of_rotation() {
     for _ in 0..3 {
         assert_eq!(router.generate(json!({"text": "x"})).await.1, live);
     }
+}
+
+/// `GET /health`: status and body.
+async fn health(router: &TestRouter) -> (u16, Value) {
+    let response = router
+        .http
+        .get(format!("{}/health", router.url))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap();
+    (status, serde_json::from_str(&body).unwrap())
+}
+
+#[tokio::test]
+async fn health_says_whether_the_router_can_route_and_a_late_worker_joins_at_once() {
+    // The only worker listens only after the router's first health check failed. With a
+    // health interval of 10 minutes, only checking again soon after a failure brings it in.
+    let port = Port::reserve();
+    let router = test_router::spawn(
+        [
+            "kv-indexer-router",
+            "--worker-urls",
+            &port.url(),
+            "--health-interval-secs",
+            "600",
+        ],
+        CancellationToken::new(),
+    )
+    .await;
+    let body = wait::until_ok("/health to say no worker is healthy", || async {
+        match health(&router).await {
+            (503, body) => Ok(body),
+            other => Err(other),
+        }
+    })
+    .await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("no healthy worker"), "{message}");
+    let (status, _, body) = router.generate(json!({"text": "hi"})).await;
+    assert_eq!(status, 503, "{body}");
+
+    serve_fake_worker(port.listen(), "late");
+    let body = wait::until_ok("the late worker and its block size to be known", || async {
+        match health(&router).await {
+            (200, body) if body["block_size"] == BLOCK => Ok(body),
+            other => Err(other),
+        }
+    })
+    .await;
+    assert_eq!(body["routable_workers"], 1, "{body}");
+    let (status, worker, _) = router.generate(json!({"text": "hi"})).await;
+    assert_eq!((status, worker), (200, port.url()));
+}
+
+#[tokio::test]
+async fn matched_tokens_are_the_matched_blocks_times_the_block_size() {
+    let (indexer, _a, b, router) = two_workers_and_the_indexer(&[]).await;
+    // 402 tokens hash to 26 blocks, the last one partial; b holds the first 25 (400 tokens).
+    let tokens = prompt(9, 402);
+    report(&indexer, &b, &tokens[..400]).await;
+    let response = router.send_tokens(tokens).await.unwrap();
+    let headers = response.headers();
+    assert_eq!(headers["x-routed-worker"], b.as_str());
+    assert_eq!(headers["x-matched-blocks"], "25");
+    assert_eq!(headers["x-query-blocks"], "26");
+    assert_eq!(
+        headers["x-matched-tokens"], "400",
+        "25 blocks of 16 tokens, not 402 × 25 ÷ 26 = 386"
+    );
+    // A whole prompt matched, its partial last block included: at most the prompt.
+    let whole = prompt(10, 402);
+    report(&indexer, &b, &whole).await;
+    let response = router.send_tokens(whole).await.unwrap();
+    assert_eq!(response.headers()["x-matched-tokens"], "402");
 }
 
 /// A text the tokenizer cannot encode is an error answer, never a fallback to another

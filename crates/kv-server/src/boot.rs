@@ -11,6 +11,17 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::service::Shared;
 
+/// Before the server listens: a state directory that cannot be created or locked (a
+/// permission, another live server on it) fails start-up here, before anything says it listens.
+/// The lock is taken again by [`boot`]; what only recovery can find (a corrupt log) still
+/// shows while the listeners answer NOT_SERVING.
+pub fn preflight(config: &Config) -> Result<(), kv_state::dir::DirError> {
+    match &config.state.dir {
+        Some(dir) => kv_state::dir::StateDir::lock(dir).map(drop),
+        None => Ok(()),
+    }
+}
+
 /// Opens the state `config` names over the shared index and installs its writer; publishes
 /// SERVING when done (a replica: NOT_SERVING until it has caught up, see [`spawn_maintenance`]).
 pub async fn boot(shared: &Arc<Shared>, config: &Config) -> Result<(), StateError> {
@@ -46,6 +57,10 @@ async fn watch_health(shared: Arc<Shared>, stop: CancellationToken) {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        if let Some(freshness) = shared.freshness() {
+            // Set here, not by the applier's reads: it must rise while the engine is down.
+            kv_state::observe::fleet_lag(freshness.lag_ms());
         }
         let now = shared.check_fresh().is_ok();
         if serving != Some(now) {

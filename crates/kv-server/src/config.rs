@@ -98,7 +98,17 @@ pub struct Args {
 
     /// When the state directory's snapshot or log is corrupt, move the files aside and start
     /// empty instead of refusing to start.
-    #[arg(long, env = "KV_INDEXER_DISCARD_CORRUPT_STATE")]
+    /// The flag alone means true; a value (the variable's too) may be 1/0, true/false,
+    /// yes/no or on/off.
+    #[arg(
+        long,
+        env = "KV_INDEXER_DISCARD_CORRUPT_STATE",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_value = "false",
+        default_missing_value = "true"
+    )]
     pub discard_corrupt_state: bool,
 
     /// Seconds a shutdown (SIGINT, SIGTERM) waits for open connections to finish their calls
@@ -345,6 +355,30 @@ mod tests {
                 },
             }),
         );
+    }
+
+    #[test]
+    fn a_boolean_takes_the_usual_spellings_and_the_flag_alone_is_true() {
+        let parse = |argv: &[&str]| {
+            let mut full = vec!["kv-indexer-server"];
+            full.extend_from_slice(argv);
+            Args::try_parse_from(full).map(|args| args.discard_corrupt_state)
+        };
+        assert!(!parse(&[]).unwrap());
+        assert!(parse(&["--discard-corrupt-state"]).unwrap());
+        for (value, want) in [("1", true), ("yes", true), ("on", true), ("true", true)]
+            .into_iter()
+            .chain([
+                ("0", false),
+                ("no", false),
+                ("off", false),
+                ("false", false),
+            ])
+        {
+            let got = parse(&["--discard-corrupt-state", value]).unwrap();
+            assert_eq!(got, want, "{value}");
+        }
+        assert!(parse(&["--discard-corrupt-state", "maybe"]).is_err());
     }
 
     #[test]

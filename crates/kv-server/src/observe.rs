@@ -5,13 +5,77 @@
 use std::time::Duration;
 
 /// The histograms and their buckets, for `kv_common::telemetry::Metrics::install`.
-pub const BUCKETS: &[(&str, &[f64])] = &[("kv_indexer_request_duration_seconds", LATENCY_BUCKETS)];
+pub const BUCKETS: &[(&str, &[f64])] = &[(
+    "kv_indexer_request_duration_seconds",
+    kv_common::buckets::SECONDS_10US_TO_1S,
+)];
 
-/// Latency buckets in seconds: 10 µs to 1 s.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0,
+/// The gRPC methods, as `rpc` labels.
+const RPCS: &[&str] = &[
+    "ApplyExternalKvBatch",
+    "MatchExternalKv",
+    "MatchExternalKvPrefix",
+    "GetExternalKvHitCounts",
 ];
+
+/// Describes every metric of the server and of its state and exports each at 0 (the answers
+/// per method with code `Ok`), so that dashboards and alerts see the series from start.
+pub fn register() {
+    kv_state::observe::register();
+    metrics::describe_counter!(
+        "kv_indexer_requests_total",
+        "gRPC calls answered, by method and status code"
+    );
+    metrics::describe_histogram!(
+        "kv_indexer_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time from a call's request head to its answer, by method and status code"
+    );
+    for &rpc in RPCS {
+        metrics::counter!("kv_indexer_requests_total", "rpc" => rpc, "code" => "Ok").absolute(0);
+    }
+    metrics::describe_counter!(
+        "kv_indexer_rejections_total",
+        "Prefix queries turned away: admission (over the in-flight bound) or deadline (budget already spent)"
+    );
+    for class in ["admission", "deadline"] {
+        metrics::counter!("kv_indexer_rejections_total", "class" => class).absolute(0);
+    }
+    let plain_counters = [
+        (
+            "kv_indexer_connections_refused_total",
+            "Connections closed at once because the listener served its bound of connections",
+        ),
+        (
+            "kv_indexer_tls_handshake_failures_total",
+            "Connections that did not complete their TLS handshake",
+        ),
+    ];
+    for (name, help) in plain_counters {
+        metrics::describe_counter!(name, help);
+        metrics::counter!(name).absolute(0);
+    }
+    metrics::describe_gauge!(
+        "kv_indexer_prefix_queries_inflight",
+        "Prefix queries admitted and not yet answered"
+    );
+    metrics::gauge!("kv_indexer_prefix_queries_inflight").set(0.0);
+    metrics::describe_gauge!(
+        "kv_indexer_serving",
+        "1 while the server answers SERVING to health checks; 0 while it recovers its state or, as a replica, lags its shared log"
+    );
+    metrics::gauge!("kv_indexer_serving").set(0.0);
+}
+
+/// A prefix query admitted (`1`) or answered (`-1`).
+pub fn prefix_queries_inflight(change: f64) {
+    metrics::gauge!("kv_indexer_prefix_queries_inflight").increment(change);
+}
+
+/// The health the server publishes.
+pub fn serving(serving: bool) {
+    metrics::gauge!("kv_indexer_serving").set(if serving { 1.0 } else { 0.0 });
+}
 
 /// One answered call; `elapsed` runs from the arrival of its request head to its answer.
 pub fn request(rpc: &'static str, code: tonic::Code, elapsed: Duration) {

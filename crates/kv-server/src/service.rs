@@ -151,6 +151,7 @@ impl Shared {
         } else {
             ServingStatus::NotServing
         };
+        observe::serving(status == ServingStatus::Serving);
         self.health.set_service_status("", status).await;
         self.health
             .set_service_status(
@@ -231,7 +232,8 @@ impl Shared {
 
     /// Takes an admission permit, or rejects at once (never queues).
     pub fn admit(&self) -> Result<Admission, ServerError> {
-        self.try_admit().map(|permit| Admission(Arc::new(permit)))
+        self.try_admit()
+            .map(|permit| Admission(Arc::new(InFlight::new(permit))))
     }
 
     fn try_admit(&self) -> Result<OwnedSemaphorePermit, ServerError> {
@@ -287,9 +289,26 @@ impl Shared {
     }
 }
 
-/// A prefix query's admission permit, taken when its request arrived; released when dropped.
+/// A prefix query's admission permit, taken when its request arrived; released when dropped
+/// (the last clone), which is when `kv_indexer_prefix_queries_inflight` goes down again.
 #[derive(Debug, Clone)]
-pub struct Admission(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+pub struct Admission(#[allow(dead_code)] Arc<InFlight>);
+
+#[derive(Debug)]
+struct InFlight(#[allow(dead_code)] OwnedSemaphorePermit);
+
+impl InFlight {
+    fn new(permit: OwnedSemaphorePermit) -> InFlight {
+        observe::prefix_queries_inflight(1.0);
+        InFlight(permit)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        observe::prefix_queries_inflight(-1.0);
+    }
+}
 
 /// The gRPC service; cheap to clone.
 #[derive(Debug, Clone)]

@@ -144,9 +144,13 @@ impl Durable {
                 }
             }
             Ok(Err(error)) => {
+                crate::observe::snapshot_failed();
                 warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
             }
-            Err(_) => warn!("the snapshot thread panicked"),
+            Err(_) => {
+                crate::observe::snapshot_failed();
+                warn!("the snapshot thread panicked")
+            }
         }
     }
 

@@ -31,7 +31,7 @@ pub mod error;
 pub mod fleet;
 pub mod log;
 pub mod meta;
-mod observe;
+pub mod observe;
 pub mod open;
 pub mod record;
 pub mod recover;

@@ -108,9 +108,15 @@ pub fn admit(
     Ok(gate)
 }
 
+/// How many TTLs every live worker may stay silent before the mass-expiry guard gives way:
+/// long enough to ride out a partition or a paused host, short enough that a lone worker that
+/// died (a fleet of one, or the last one left) is not claimed forever.
+pub const MASS_EXPIRY_BOUND_TTLS: u64 = 10;
+
 /// The live workers of `meta` whose TTL ran out at `now_ms`, each with the last-seen time it
 /// had, by name; none when that would be every live worker (a partition, a paused host, a
-/// clock jump?), which is counted in `trips` and logged instead.
+/// clock jump?), which is counted in `trips` and logged instead, until every one of them has
+/// been silent for [`MASS_EXPIRY_BOUND_TTLS`] TTLs.
 pub fn due_for_expiry(
     meta: &Meta,
     ttl: Duration,
@@ -127,15 +133,27 @@ pub fn due_for_expiry(
     if expired.is_empty() {
         return expired;
     }
-    if expired.len() == live {
-        *trips += 1;
-        crate::observe::mass_expiry_refused();
+    let long_gone = |last_seen_ms: u64| {
+        now_ms.saturating_sub(last_seen_ms) > ttl_ms.saturating_mul(MASS_EXPIRY_BOUND_TTLS)
+    };
+    if expired.len() == live && expired.iter().all(|(_, seen)| long_gone(*seen)) {
         tracing::warn!(
             workers = live,
-            ttl_s = ttl.as_secs_f64(),
-            trips = *trips,
-            "every live worker's TTL ran out in one sweep (a partition, a paused host, a clock jump?): expiring none"
+            bound_s = ttl.as_secs_f64() * MASS_EXPIRY_BOUND_TTLS as f64,
+            "every live worker has been silent for over {MASS_EXPIRY_BOUND_TTLS} TTLs: expiring them anyway (a lone dead worker, or a partition too long for its cache signal to be trusted)"
         );
+    } else if expired.len() == live {
+        *trips += 1;
+        crate::observe::mass_expiry_refused();
+        // Logged at the 1st, 2nd, 4th, … trip: a sweep runs every few seconds.
+        if trips.is_power_of_two() {
+            tracing::warn!(
+                workers = live,
+                ttl_s = ttl.as_secs_f64(),
+                trips = *trips,
+                "every live worker's TTL ran out in one sweep (a partition, a paused host, a clock jump?): expiring none until they have been silent for {MASS_EXPIRY_BOUND_TTLS} TTLs"
+            );
+        }
         return Vec::new();
     }
     expired.sort();
@@ -143,6 +161,11 @@ pub fn due_for_expiry(
     tracing::info!(workers = ?names, ttl_s = ttl.as_secs_f64(), "expiring workers with no apply within their TTL");
     crate::observe::workers_expired(expired.len());
     expired
+}
+
+/// Workers seen and not expired: `kv_indexer_workers`.
+pub fn live_workers(meta: &Meta) -> usize {
+    meta.values().filter(|entry| !entry.expired).count()
 }
 
 /// Gives every known, unexpired worker a fresh TTL from `now_ms`: a restarted server neither
@@ -168,6 +191,47 @@ mod tests {
             });
             assert_eq!(&got, want, "step {step:?} after {meta:?}");
         }
+    }
+
+    fn seen_at(workers: &[(&str, u64)]) -> Meta {
+        workers
+            .iter()
+            .map(|&(id, last_seen_ms)| {
+                let entry = WorkerMeta {
+                    last_seen_ms,
+                    ..WorkerMeta::default()
+                };
+                (id.to_string(), entry)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn expiry_spares_every_live_worker_at_once_until_the_bound_then_expires_them() {
+        let ttl = Duration::from_secs(30);
+        let mut trips = 0;
+        // One silent among two live: expired.
+        let meta = seen_at(&[("dead", 0), ("alive", 100_000)]);
+        let due = due_for_expiry(&meta, ttl, 100_000, &mut trips);
+        assert_eq!(due, [("dead".to_string(), 0)]);
+        assert_eq!(live_workers(&meta), 2);
+        // Every live worker silent past its TTL: refused, counted.
+        let meta = seen_at(&[("a", 0), ("b", 10_000)]);
+        assert!(due_for_expiry(&meta, ttl, 100_000, &mut trips).is_empty());
+        assert_eq!(trips, 1);
+        // A lone worker silent for just under the bound: still refused.
+        let meta = seen_at(&[("lone", 0)]);
+        let bound_ms = 30_000 * MASS_EXPIRY_BOUND_TTLS;
+        assert!(due_for_expiry(&meta, ttl, bound_ms, &mut trips).is_empty());
+        assert_eq!(trips, 2);
+        // Past the bound: expired after all, not counted as refused.
+        let due = due_for_expiry(&meta, ttl, bound_ms + 1, &mut trips);
+        assert_eq!(due, [("lone".to_string(), 0)]);
+        assert_eq!(trips, 2);
+        // Expired workers are not live.
+        let mut meta = seen_at(&[("a", 0), ("b", 0)]);
+        meta.get_mut("a").unwrap().expired = true;
+        assert_eq!(live_workers(&meta), 1);
     }
 
     const NEXT: Result<Gate, &str> = Ok(Gate::Next);

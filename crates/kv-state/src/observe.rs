@@ -1,9 +1,94 @@
-//! The state's Prometheus metrics: names and labels. The server installs the recorder; without
-//! one every call here is a no-op.
+//! The state's Prometheus metrics: names, help texts and labels. The server installs the
+//! recorder and calls [`register`] once; without a recorder every call here is a no-op.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kv_index::IndexStats;
+
+/// Every counter and gauge of the state, with its help text.
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        "kv_indexer_mass_expiry_refused_total",
+        "Liveness sweeps that would have expired every live worker, refused (a partition, a paused host?)",
+    ),
+    (
+        "kv_indexer_workers_expired_total",
+        "Workers whose placements were purged for want of applies within their TTL",
+    ),
+    ("kv_indexer_snapshots_total", "Snapshots written"),
+    (
+        "kv_indexer_snapshot_failures_total",
+        "Snapshots that failed to be written or published",
+    ),
+    (
+        "kv_indexer_event_log_append_failures_total",
+        "Groups of changes the shared log refused (the engine unreachable, or fewer replicas than required)",
+    ),
+    (
+        "kv_indexer_fleet_rebootstraps_total",
+        "Times a replica found its index no longer explained by the shared log and bootstrapped again",
+    ),
+    (
+        "kv_indexer_fleet_entries_skipped_total",
+        "Shared-log entries that did not decode or apply (every replica skips the same ones)",
+    ),
+    (
+        "kv_indexer_sequence_gaps_total",
+        "Applies whose bridge batch number showed acknowledged batches of their worker lost (the worker is cleared)",
+    ),
+    (
+        "kv_indexer_fleet_entries_lost_total",
+        "Entries a replica had applied that the shared log lost (a rolled-back engine)",
+    ),
+];
+
+const GAUGES: &[(&str, &str)] = &[
+    (
+        "kv_indexer_blocks",
+        "Distinct block hashes with at least one placement",
+    ),
+    (
+        "kv_indexer_placements",
+        "(worker, tier, block) placements in the index",
+    ),
+    (
+        "kv_indexer_workers",
+        "Live workers: seen, and not expired for want of applies",
+    ),
+    (
+        "kv_indexer_snapshot_bytes",
+        "Size of the last snapshot written, in bytes",
+    ),
+    (
+        "kv_indexer_snapshot_seconds",
+        "How long the last snapshot took to build and write, in seconds",
+    ),
+    (
+        "kv_indexer_snapshot_last_success_timestamp_seconds",
+        "Unix time of the last snapshot written (0: none since start)",
+    ),
+    (
+        "kv_indexer_fleet_lag_seconds",
+        "Seconds since this replica last knew it had applied the whole shared log (rises while the engine is unreachable)",
+    ),
+    (
+        "kv_indexer_fleet_lag_entries",
+        "Shared-log entries not yet applied by this replica, at its last read",
+    ),
+];
+
+/// Describes every metric of the state and exports each at 0, so that a dashboard or an alert
+/// sees the series from start, not only after the first event.
+pub fn register() {
+    for &(name, help) in COUNTERS {
+        metrics::describe_counter!(name, help);
+        metrics::counter!(name).absolute(0);
+    }
+    for &(name, help) in GAUGES {
+        metrics::describe_gauge!(name, help);
+        metrics::gauge!(name).set(0.0);
+    }
+}
 
 /// A liveness sweep that would have expired every live worker, refused.
 pub fn mass_expiry_refused() {
@@ -18,12 +103,22 @@ pub fn snapshot_written(bytes: u64, took: Duration) {
     metrics::counter!("kv_indexer_snapshots_total").increment(1);
     metrics::gauge!("kv_indexer_snapshot_bytes").set(bytes as f64);
     metrics::gauge!("kv_indexer_snapshot_seconds").set(took.as_secs_f64());
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    metrics::gauge!("kv_indexer_snapshot_last_success_timestamp_seconds").set(now.as_secs_f64());
 }
 
-pub fn index_size(stats: IndexStats) {
+/// A snapshot that could not be written (or, in a fleet, published).
+pub fn snapshot_failed() {
+    metrics::counter!("kv_indexer_snapshot_failures_total").increment(1);
+}
+
+/// The index's sizes, with the live workers counted from the workers' meta.
+pub fn index_size(stats: IndexStats, live_workers: usize) {
     metrics::gauge!("kv_indexer_blocks").set(stats.blocks as f64);
     metrics::gauge!("kv_indexer_placements").set(stats.placements as f64);
-    metrics::gauge!("kv_indexer_workers").set(stats.workers as f64);
+    metrics::gauge!("kv_indexer_workers").set(live_workers as f64);
 }
 
 /// A group of changes the shared log refused (the engine unreachable).
@@ -41,9 +136,14 @@ pub fn fleet_entry_skipped() {
     metrics::counter!("kv_indexer_fleet_entries_skipped_total").increment(1);
 }
 
-/// A replica's lag behind the shared log.
-pub fn fleet_lag(lag_ms: u64, entries: u64) {
-    metrics::gauge!("kv_indexer_fleet_lag_ms").set(lag_ms as f64);
+/// A replica's lag behind the shared log, in time: set by whoever watches its freshness,
+/// also while the engine is unreachable (when no read sets the entries).
+pub fn fleet_lag(lag_ms: u64) {
+    metrics::gauge!("kv_indexer_fleet_lag_seconds").set(lag_ms as f64 / 1000.0);
+}
+
+/// Shared-log entries a replica has not applied, at its last read.
+pub fn fleet_lag_entries(entries: u64) {
     metrics::gauge!("kv_indexer_fleet_lag_entries").set(entries as f64);
 }
 

@@ -362,7 +362,7 @@ impl Thread {
                 }
                 let stats = index.stats();
                 drop(index);
-                crate::observe::index_size(stats);
+                crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
                 let _ = reply.send(applied.and_then(Applied::answer));
             }
             Accepted::Other { record, reply } => {

@@ -26,6 +26,21 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    let router = spawn(argv, stop).await;
+    wait::until("the router to learn the block size", || async {
+        router.state.hashing.read().is_some().then_some(())
+    })
+    .await;
+    router
+}
+
+/// As [`start`], returning as soon as the router listens.
+#[allow(dead_code)] // Not every test file starts a router before its workers.
+pub async fn spawn<I, T>(argv: I, stop: CancellationToken) -> TestRouter
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     let config = RouterConfig::from_args(&Args::try_parse_from(argv).unwrap()).unwrap();
     let state = kv_indexer_router::state(&config, None).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -35,10 +50,6 @@ where
     tokio::spawn(
         async move { kv_indexer_router::run(listener, run_state, &config, stopped).await },
     );
-    wait::until("the router to learn the block size", || async {
-        state.hashing.read().is_some().then_some(())
-    })
-    .await;
     TestRouter {
         url,
         state,

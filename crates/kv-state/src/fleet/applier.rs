@@ -88,13 +88,33 @@ impl From<StreamError> for Restart {
 impl Applier {
     pub(super) fn run(mut self) -> Applier {
         let mut backoff = Duration::from_millis(50);
+        // Since when the engine has been unreachable, and how many attempts have failed.
+        let mut outage: Option<(Instant, u64)> = None;
         while !self.stop.load(Ordering::Acquire) {
             match self.step() {
-                Ok(()) => backoff = Duration::from_millis(50),
+                Ok(()) => {
+                    backoff = Duration::from_millis(50);
+                    if let Some((since, attempts)) = outage.take() {
+                        info!(
+                            outage_ms = since.elapsed().as_millis() as u64,
+                            attempts, "the shared log is reachable again"
+                        );
+                    }
+                }
                 Err(Restart::Engine(error)) => {
                     self.stream = None;
                     self.lease = false;
-                    warn!(error = %kv_common::error_chain(&error), lag_ms = self.freshness.lag_ms(), "the shared log is unreachable: answering from memory until it returns");
+                    let (_, attempts) = outage.get_or_insert((Instant::now(), 0));
+                    *attempts += 1;
+                    // Retried every 250 ms at most: logged at the 1st, 2nd, 4th, … failure.
+                    if attempts.is_power_of_two() {
+                        let answering = if self.freshness.check().is_ok() {
+                            "answering from memory until the lag passes KV_INDEXER_MAX_LAG_MS, then refusing queries"
+                        } else {
+                            "refusing queries (not caught up, or past the lag bound)"
+                        };
+                        warn!(error = %kv_common::error_chain(&error), lag_ms = self.freshness.lag_ms(), attempts = *attempts, "the shared log is unreachable: {answering} until it returns");
+                    }
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
@@ -205,7 +225,7 @@ impl Applier {
             .and_then(|number| number.parse::<u64>().ok());
         match result {
             Ok((applied, stats)) => {
-                crate::observe::index_size(stats);
+                crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
                 match &applied {
                     Ok(applied) => applied.note_live(),
                     // Fenced alike on every replica: a zombie bridge, not a bad entry.

@@ -42,7 +42,8 @@ impl Applier {
         self.freshness
             .behind
             .store(tail - self.next, Ordering::Relaxed);
-        crate::observe::fleet_lag(self.freshness.lag_ms(), tail - self.next);
+        crate::observe::fleet_lag(self.freshness.lag_ms());
+        crate::observe::fleet_lag_entries(tail - self.next);
         // Only a replica that serves holds the lease: one still catching up would stall the
         // fleet's expiry, snapshots and trimming.
         let ready = self.freshness.check().is_ok();
@@ -150,9 +151,13 @@ impl Applier {
                     }
                 }
                 Ok(Err(error)) => {
+                    crate::observe::snapshot_failed();
                     warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
                 }
-                Err(_) => warn!("the snapshot thread panicked"),
+                Err(_) => {
+                    crate::observe::snapshot_failed();
+                    warn!("the snapshot thread panicked")
+                }
             }
         }
         let Some(interval) = self.snapshot_interval else {

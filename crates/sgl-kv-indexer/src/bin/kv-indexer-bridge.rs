@@ -4,16 +4,16 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
 use kv_bridge::config::{Args, BridgeConfig};
 use kv_bridge::stats::Stats;
-use kv_common::{signal, telemetry};
+use kv_common::signal;
+use kv_common::telemetry::{self, Exposition};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = sgl_kv_indexer::parse_args();
     telemetry::init_tracing();
     let metrics_addr = args.metrics_addr;
     let config = BridgeConfig::from_args(args).context("bad setting")?;
@@ -23,11 +23,15 @@ async fn main() -> anyhow::Result<()> {
         telemetry::serve_on(
             "KV_INDEXER_BRIDGE_METRICS_ADDR",
             addr,
-            &[],
+            Exposition {
+                labels: &[("worker", config.worker_address.as_str())],
+                ..Exposition::default()
+            },
             Vec::new(),
             &stop,
         )
         .await?;
+        sgl_kv_indexer::export_build_info();
     }
     signal::cancel_on_shutdown(&stop);
     info!(worker_id = %config.worker_id, endpoints = ?config.endpoints, "kv-indexer-bridge starting");

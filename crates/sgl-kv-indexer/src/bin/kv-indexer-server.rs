@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
 use kv_common::signal;
-use kv_common::telemetry::{self, Page};
+use kv_common::telemetry::{self, Exposition, Page};
 use kv_server::service::Shared;
 use kv_server::{Args, Config, boot, observe, server};
 use tokio::net::TcpListener;
@@ -16,7 +15,7 @@ use tracing::warn;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = sgl_kv_indexer::parse_args();
     telemetry::init_tracing();
     let config = Config::from_args(&args)?;
     for addr in std::iter::once(args.listen_addr).chain(args.apply_listen_addr) {
@@ -24,6 +23,7 @@ async fn main() -> anyhow::Result<()> {
             warn!("{warning}");
         }
     }
+    boot::preflight(&config).context("KV_INDEXER_STATE_DIR")?;
     let listener = TcpListener::bind(args.listen_addr)
         .await
         .with_context(|| format!("binding KV_INDEXER_LISTEN_ADDR {}", args.listen_addr))?;
@@ -35,11 +35,16 @@ async fn main() -> anyhow::Result<()> {
         telemetry::serve_on(
             "KV_INDEXER_METRICS_ADDR",
             addr,
-            observe::BUCKETS,
+            Exposition {
+                buckets: observe::BUCKETS,
+                ..Exposition::default()
+            },
             pages,
             &stop,
         )
         .await?;
+        sgl_kv_indexer::export_build_info();
+        observe::register();
     }
     signal::cancel_on_shutdown(&stop);
     let apply_thread = match args.apply_listen_addr {

@@ -5,9 +5,13 @@ use std::process::Output;
 
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::simple_tokenize;
+use kv_server::service::Shared;
+use kv_server::{Config, boot, server};
 use kv_testkit::indexer::HBM;
 use kv_testkit::{Port, TestIndexer};
 use serde_json::Value;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 const TEXT: &str = "you are a helpful assistant . answer briefly and cite sources";
 
@@ -148,6 +152,45 @@ async fn exits_with_1_when_the_indexer_cannot_answer() {
 }
 
 #[tokio::test]
+async fn health_and_prefix_tell_a_recovering_server_from_an_unreachable_one() {
+    // A server that listens but has not loaded its state yet (boot not run).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let config = Config::default();
+    let shared = Arc::new(Shared::new(&config).unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(server::run(
+        listener,
+        shared.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+
+    let output = ctl(&args(&["--endpoint", &endpoint, "health"])).await;
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("NOT_SERVING"), "{stderr}");
+    let output = ctl(&args(&["--endpoint", &endpoint, "prefix", "1", "2"])).await;
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with("error: unreachable: Unavailable: ") && stderr.contains("recover"),
+        "the server's reason, not only its class: {stderr}"
+    );
+
+    boot::boot(&shared, &config).await.unwrap();
+    let json = ctl_json(args(&["--endpoint", &endpoint, "--json", "health"])).await;
+    assert_eq!(json["serving"], true);
+    assert_eq!(json["replicas"][0]["status"], "SERVING");
+
+    // A list with one replica down is not healthy.
+    let dead = Port::reserve().url();
+    let both = format!("{endpoint},{dead}");
+    let output = ctl(&args(&["--endpoint", &both, "health"])).await;
+    assert_eq!(output.status.code(), Some(1));
+    stop.cancel();
+}
+
+#[tokio::test]
 async fn exits_with_2_naming_a_bad_endpoint() {
     let output = ctl(&args(&["--endpoint", "localhost:50051", "prefix", "1"])).await;
     assert_eq!(output.status.code(), Some(2));
@@ -156,4 +199,79 @@ async fn exits_with_2_naming_a_bad_endpoint() {
         stderr.contains("--endpoint (KV_INDEXER_ENDPOINT)") && stderr.contains("localhost:50051"),
         "{stderr}"
     );
+}
+
+/// The recipe SECURITY.md gives (`scripts/make_test_certs.sh`) makes certificates the server
+/// takes for TLS and mutual TLS: `kv-indexer-ctl health` over https with the client's
+/// certificate is answered SERVING, and without it the handshake is refused.
+#[tokio::test]
+async fn the_certificate_recipe_makes_certificates_the_server_accepts() {
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "openssl is missing under CI"
+        );
+        eprintln!("skipped: no openssl");
+        return;
+    }
+    let dir = kv_testkit::temp_dir("kv-ctl", "certs");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/make_test_certs.sh"
+    );
+    let made = std::process::Command::new(script)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let file = |name: &str| dir.join(name).display().to_string();
+    let port = Port::reserve();
+    let addr = port.addr();
+    drop(port);
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_kv-indexer-server"))
+        .env("KV_INDEXER_LISTEN_ADDR", addr.to_string())
+        .env("KV_INDEXER_TLS_CERT", file("server.pem"))
+        .env("KV_INDEXER_TLS_KEY", file("server.key"))
+        .env("KV_INDEXER_TLS_CLIENT_CA", file("ca.pem"))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let endpoint = format!("https://localhost:{}", addr.port());
+    let ca = file("ca.pem");
+    let with_client = args(&[
+        "--endpoint",
+        &endpoint,
+        "--indexer-ca",
+        &ca,
+        "--indexer-client-cert",
+        &file("client.pem"),
+        "--indexer-client-key",
+        &file("client.key"),
+        "health",
+    ]);
+    let mut answered = None;
+    for _ in 0..100 {
+        let output = ctl(&with_client).await;
+        if output.status.success() {
+            answered = Some(output);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let output = answered.expect("the server took the recipe's certificates within 10 s");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("SERVING"));
+    let without = ctl(&args(&[
+        "--endpoint",
+        &endpoint,
+        "--indexer-ca",
+        &ca,
+        "health",
+    ]))
+    .await;
+    assert_eq!(without.status.code(), Some(1), "no client certificate");
+    server.kill().await.unwrap();
 }

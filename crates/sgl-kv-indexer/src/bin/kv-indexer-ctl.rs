@@ -5,7 +5,9 @@
 //! - `prefix`: the workers holding the longest prefix of some blocks (given as hashes, or as
 //!   tokens / text hashed here);
 //! - `match`: every worker's exact placements of some blocks;
-//! - `hits`: the blocks' cumulative hit counts.
+//! - `hits`: the blocks' cumulative hit counts;
+//! - `health`: each replica's gRPC health (SERVING, or NOT_SERVING while it recovers or lags);
+//!   exit 0 only when every one serves, so it is an image's or an orchestrator's health check.
 //!
 //! Tables by default, `--json` for scripts. Exit status: 0 when the Indexer answered (a miss
 //! included), 1 when it could not (unreachable, timeout, overloaded, rejected), 2 for bad
@@ -21,7 +23,7 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::{
     ClientConfig, ClientSecurity, Endpoint, HitCount, IndexerClient, MAX_PREFIX_HASHES, NodeMatch,
-    PrefixOutcome, QueryError, simple_tokenize,
+    PrefixOutcome, QueryError, ServingStatus, Status, simple_tokenize,
 };
 use serde_json::{Value, json};
 
@@ -83,6 +85,8 @@ enum Command {
         #[command(flatten)]
         blocks: Blocks,
     },
+    /// Each replica's gRPC health (grpc.health.v1); exit 0 only when every one is SERVING.
+    Health,
 }
 
 /// How the worker's engine hashes its pages.
@@ -186,7 +190,7 @@ impl Report {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let args: Args = sgl_kv_indexer::parse_args();
     match run(&args).await {
         Ok(report) => {
             if args.json {
@@ -222,13 +226,15 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
         Command::Hash { tokens, hashing } => hash_report(&tokens.token_ids(), hashing),
         Command::Prefix { blocks } => {
             let hashes = blocks.hashes();
-            prefix_report(&client()?.longest_prefix(&hashes).await, hashes.len())
+            let answer = client()?.longest_prefix_or_status(&hashes).await;
+            prefix_report(answer.map_err(QueryError::from), hashes.len())
         }
         Command::Match {
             blocks,
             count_as_hit,
         } => match_report(client()?.match_exact(&blocks.hashes(), *count_as_hit).await),
         Command::Hits { blocks } => hits_report(client()?.hit_counts(&blocks.hashes()).await),
+        Command::Health => health_report(&client()?.health().await),
     })
 }
 
@@ -256,9 +262,21 @@ fn hash_report(tokens: &[u64], hashing: &Hashing) -> Report {
     Report::answered(json, table)
 }
 
-fn prefix_report(outcome: &PrefixOutcome, query_blocks: usize) -> Report {
+/// The report of a longest-prefix query: its matches, or why it has none (a failure names the
+/// server's reason, such as a replica still recovering, not only its class).
+fn prefix_report(answer: Result<PrefixOutcome, QueryError>, query_blocks: usize) -> Report {
     let sent = query_blocks.min(MAX_PREFIX_HASHES);
-    match outcome {
+    let outcome = match answer {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            let label = PrefixOutcome::from_status(&Status::new(error.code, "")).label();
+            let mut report = error_report(&error);
+            report.json["outcome"] = label.into();
+            report.table = format!("{label}: {}", report.table);
+            return report;
+        }
+    };
+    match &outcome {
         PrefixOutcome::Matched {
             matches,
             best_prefix_blocks,
@@ -304,30 +322,11 @@ fn prefix_report(outcome: &PrefixOutcome, query_blocks: usize) -> Report {
             }),
             format!("no worker holds the first of {query_blocks} blocks\n"),
         ),
-        PrefixOutcome::Rejected { code, message } => Report {
-            json: json!({
-                "outcome": outcome.label(),
-                "code": format!("{code:?}"),
-                "message": message,
-            }),
-            table: format!("rejected: {code:?}: {message}\n"),
-            answered: false,
-        },
         failed => Report {
             json: json!({ "outcome": failed.label() }),
-            table: format!("{}\n", failure_text(failed)),
+            table: format!("{}\n", failed.label()),
             answered: false,
         },
-    }
-}
-
-fn failure_text(outcome: &PrefixOutcome) -> &'static str {
-    match outcome {
-        PrefixOutcome::Unreachable => "unreachable: no Indexer replica could be reached",
-        PrefixOutcome::Timeout => "timeout: no answer within the deadline",
-        PrefixOutcome::Overloaded => "overloaded: the Indexer is at its in-flight bound",
-        PrefixOutcome::TooLarge => "too large: the request is over the Indexer's message limit",
-        _ => "no answer",
     }
 }
 
@@ -386,6 +385,36 @@ fn hits_report(answer: Result<Vec<HitCount>, QueryError>) -> Report {
     Report::answered(json!({ "entries": entries }), table)
 }
 
+fn health_report(answers: &[(&Endpoint, Result<ServingStatus, QueryError>)]) -> Report {
+    let mut table = String::new();
+    let mut replicas = Vec::new();
+    for (endpoint, answer) in answers {
+        let (json, text) = match answer {
+            Ok(status) => (
+                json!({ "endpoint": endpoint.to_string(), "status": status.as_str_name() }),
+                status.as_str_name().to_string(),
+            ),
+            Err(error) => (
+                json!({
+                    "endpoint": endpoint.to_string(),
+                    "error": { "code": format!("{:?}", error.code), "message": error.message },
+                }),
+                error.to_string(),
+            ),
+        };
+        let _ = writeln!(table, "{endpoint}  {text}");
+        replicas.push(json);
+    }
+    let serving = answers
+        .iter()
+        .all(|(_, answer)| matches!(answer, Ok(ServingStatus::Serving)));
+    Report {
+        json: json!({ "serving": serving, "replicas": replicas }),
+        table,
+        answered: serving,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,6 +432,7 @@ mod tests {
                     Command::Prefix { blocks }
                     | Command::Match { blocks, .. }
                     | Command::Hits { blocks } => blocks.hashes(),
+                    Command::Health => Vec::new(),
                 };
                 assert_eq!(got, hashes, "argv {argv:?}");
             }
@@ -511,7 +541,7 @@ mod tests {
             query_blocks: 2_097_148,
             blocks_read: 1_048_574,
         };
-        let report = prefix_report(&outcome, 2_097_148);
+        let report = prefix_report(Ok(outcome), 2_097_148);
         assert!(report.answered);
         assert_eq!(report.json["sent_blocks"], 1_048_574);
         assert_eq!(report.json["query_blocks"], 2_097_148);
@@ -524,22 +554,27 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_is_not_an_answer() {
-        for outcome in [
-            PrefixOutcome::Unreachable,
-            PrefixOutcome::Timeout,
-            PrefixOutcome::Overloaded,
-            PrefixOutcome::TooLarge,
-            PrefixOutcome::Rejected {
-                code: Code::Internal,
-                message: "boom".into(),
-            },
+    fn a_failure_is_not_an_answer_and_names_the_servers_reason() {
+        for (code, label) in [
+            (Code::Unavailable, "unreachable"),
+            (Code::DeadlineExceeded, "timeout"),
+            (Code::ResourceExhausted, "overloaded"),
+            (Code::OutOfRange, "too_large"),
+            (Code::Internal, "rejected"),
         ] {
-            let report = prefix_report(&outcome, 3);
-            assert!(!report.answered, "{outcome:?}");
-            assert_eq!(report.json["outcome"], outcome.label());
+            let error = QueryError {
+                code,
+                message: "the state is still being recovered".into(),
+            };
+            let report = prefix_report(Err(error), 3);
+            assert!(!report.answered, "{code:?}");
+            assert_eq!(report.json["outcome"], label);
+            assert_eq!(
+                report.table,
+                format!("{label}: {code:?}: the state is still being recovered\n")
+            );
         }
-        assert!(prefix_report(&PrefixOutcome::NoMatch, 3).answered);
+        assert!(prefix_report(Ok(PrefixOutcome::NoMatch), 3).answered);
         let report = hits_report(Err(QueryError {
             code: Code::Unavailable,
             message: "down".into(),

@@ -2,9 +2,8 @@
 //! SIGTERM.
 
 use anyhow::Context;
-use clap::Parser;
 use kv_common::signal;
-use kv_common::telemetry::{self, Metrics};
+use kv_common::telemetry::{self, Exposition, Metrics};
 use kv_indexer_router::config::{Args, RouterConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -12,13 +11,20 @@ use tracing::info;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args: Args = sgl_kv_indexer::parse_args();
     telemetry::init_tracing();
     let config = RouterConfig::from_args(&args).context("bad setting")?;
     // The recorder's upkeep runs until the router stops, so that histogram samples are folded
-    // into their summaries whether or not anything scrapes `/metrics`.
+    // into their buckets whether or not anything scrapes `/metrics`.
     let stop_metrics = CancellationToken::new();
-    let metrics = Metrics::install(&[], &stop_metrics)?;
+    let metrics = Metrics::install(
+        Exposition {
+            buckets: kv_indexer_router::observe::BUCKETS,
+            ..Exposition::default()
+        },
+        &stop_metrics,
+    )?;
+    sgl_kv_indexer::export_build_info();
     let state = kv_indexer_router::state(&config, Some(metrics))?;
     let listener = TcpListener::bind(args.listen_addr)
         .await

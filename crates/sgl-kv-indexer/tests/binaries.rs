@@ -1,0 +1,178 @@
+//! The shipped binaries as an operator meets them: `--version`, a start-up that fails before it
+//! says it listens, and `/metrics` with help texts and every series from start.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kv_testkit::Port;
+
+#[test]
+fn every_binary_reports_its_version_and_commit() {
+    let binaries = [
+        env!("CARGO_BIN_EXE_kv-indexer-server"),
+        env!("CARGO_BIN_EXE_kv-indexer-bridge"),
+        env!("CARGO_BIN_EXE_kv-indexer-ctl"),
+        env!("CARGO_BIN_EXE_kv-indexer-router"),
+    ];
+    let expected = format!(
+        "{} (commit {})",
+        env!("CARGO_PKG_VERSION"),
+        sgl_kv_indexer::COMMIT
+    );
+    assert!(!sgl_kv_indexer::COMMIT.is_empty());
+    for binary in binaries {
+        let output = std::process::Command::new(binary)
+            .arg("--version")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{binary}");
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert!(stdout.trim_end().ends_with(&expected), "{binary}: {stdout}");
+    }
+}
+
+/// A state directory that cannot be created fails start-up naming the variable, before the
+/// server says it listens.
+#[test]
+fn a_bad_state_directory_fails_before_listening() {
+    let file = kv_testkit::temp_dir("kv-binaries", "state-file");
+    std::fs::create_dir_all(&file).unwrap();
+    let file = file.join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    let port = Port::reserve();
+    let output = Command::new(env!("CARGO_BIN_EXE_kv-indexer-server"))
+        .env("KV_INDEXER_LISTEN_ADDR", port.addr().to_string())
+        .env("KV_INDEXER_STATE_DIR", file.join("state"))
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("KV_INDEXER_STATE_DIR"), "{stderr}");
+    assert!(
+        !stderr.contains("listening"),
+        "said it listens first: {stderr}"
+    );
+}
+
+/// The server's `/metrics` right after start: every metric has its `# HELP`, the ones dashboards
+/// and alerts use are there before any event, durations are in seconds.
+#[test]
+fn metrics_have_help_and_exist_from_start() {
+    let (grpc, admin) = (Port::reserve(), Port::reserve());
+    let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
+    drop((grpc, admin));
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kv-indexer-server"))
+        .env("KV_INDEXER_LISTEN_ADDR", grpc_addr.to_string())
+        .env("KV_INDEXER_METRICS_ADDR", admin_addr.to_string())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        match scrape(admin_addr) {
+            Some(text) if text.contains("kv_indexer_serving 1") => break text,
+            _ if Instant::now() > deadline => panic!("no SERVING metrics within 20 s"),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    server.kill().unwrap();
+    let _ = server.wait();
+    let declared: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    for name in &declared {
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no help"
+        );
+        assert!(!name.ends_with("_ms"), "{name}: durations are in seconds");
+    }
+    for name in [
+        "kv_indexer_build_info",
+        "kv_indexer_serving",
+        "kv_indexer_requests_total",
+        "kv_indexer_rejections_total",
+        "kv_indexer_prefix_queries_inflight",
+        "kv_indexer_workers",
+        "kv_indexer_snapshot_failures_total",
+        "kv_indexer_snapshot_last_success_timestamp_seconds",
+        "kv_indexer_fleet_lag_seconds",
+        "kv_indexer_sequence_gaps_total",
+    ] {
+        assert!(declared.contains(&name), "{name} missing at start:\n{text}");
+    }
+}
+
+/// A replica whose Redis goes away: `kv_indexer_fleet_lag_seconds` rises with the lag (it
+/// used to stay at its last read's value) and `kv_indexer_serving` drops to 0, while the
+/// outage is logged at the 1st, 2nd, 4th, … failed attempt, not at each one (4 a second).
+#[test]
+fn a_replica_cut_off_from_its_log_shows_the_lag_and_logs_the_outage_sparingly() {
+    let Some(mut redis) = kv_testkit::redis::RedisServer::start(false) else {
+        return;
+    };
+    let (grpc, admin) = (Port::reserve(), Port::reserve());
+    let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
+    drop((grpc, admin));
+    let logs = kv_testkit::temp_dir("kv-binaries", "replica-log").with_extension("log");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kv-indexer-server"))
+        .env("KV_INDEXER_LISTEN_ADDR", grpc_addr.to_string())
+        .env("KV_INDEXER_METRICS_ADDR", admin_addr.to_string())
+        .env("KV_INDEXER_EVENT_LOG", redis.url())
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&logs).unwrap())
+        .spawn()
+        .unwrap();
+    let metric = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    };
+    let wait_for = |what: &str, done: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(text) = scrape(admin_addr).filter(|text| done(text)) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "{what} within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for("SERVING", &|text| {
+        metric(text, "kv_indexer_serving") == Some(1.0)
+    });
+    redis.kill();
+    let down = Instant::now();
+    let text = wait_for("the lag past 2 s", &|text| {
+        metric(text, "kv_indexer_fleet_lag_seconds").is_some_and(|lag| lag > 2.0)
+    });
+    assert_eq!(metric(&text, "kv_indexer_serving"), Some(0.0), "{text}");
+    // At least 4 s of outage, retried every 250 ms at most: 16 or more failed attempts.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(down.elapsed()));
+    server.kill().unwrap();
+    let _ = server.wait();
+    let log = std::fs::read_to_string(&logs).unwrap();
+    let lines = log
+        .lines()
+        .filter(|line| line.contains("the shared log is unreachable"))
+        .count();
+    assert!(
+        (1..=6).contains(&lines),
+        "{lines} lines about the outage:\n{log}"
+    );
+}
+
+/// `GET /metrics` over plain HTTP/1.1, or `None` while nothing answers.
+fn scrape(addr: std::net::SocketAddr) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
