@@ -2,6 +2,8 @@
 # One-command local demo: the Indexer, three simulated SGLang workers with their bridges, and
 # the router, all on loopback. Sends prompts that share prefixes, prints each routing decision
 # with the matched blocks and the worker's cached_tokens, then stops everything it started.
+# It fails (non-zero, naming the component and showing its log) when a component exits at start
+# (a port taken) or a request is not answered.
 #
 #   scripts/demo.sh            (ports: 50061 indexer, 31000-31002 workers, 5600-5602 events, 30080 router)
 #   scripts/demo.sh --replicas 2
@@ -27,11 +29,21 @@ REDIS_PORT=${DEMO_REDIS_PORT:-6390}
 ROUTER=127.0.0.1:${DEMO_ROUTER_PORT:-30080}
 LOGS=$(mktemp -d)
 
-echo "building (release)…"
-cargo build --release -q -p sgl-kv-indexer -p kv-indexer-sim -p kv-indexer-router
-BIN=target/release
+# DEMO_BIN=target/debug: use binaries already built (CI's test build) instead of a release build.
+# DEMO_METRICS_DIR=dir: every component serves /metrics, scraped into dir/<name>.prom at the end
+# (scripts/check_ops.py --metrics checks them against the dashboard and the alert rules).
+METRICS_DIR=${DEMO_METRICS_DIR:-}
+METRICS_PORT=${DEMO_METRICS_PORT:-9460}
+if [[ -n "${DEMO_BIN:-}" ]]; then
+  BIN=$DEMO_BIN
+else
+  echo "building (release)…"
+  cargo build --release -q -p sgl-kv-indexer -p kv-indexer-sim
+  BIN=target/release
+fi
 
 pids=()
+names=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -39,57 +51,94 @@ cleanup() {
 }
 trap cleanup EXIT
 
+start() { # start NAME COMMAND...: runs COMMAND in the background, its output in $LOGS/NAME.log
+  local name=$1
+  shift
+  "$@" >"$LOGS/$name.log" 2>&1 &
+  pids+=($!)
+  names+=("$name")
+}
+
+alive() { # fails naming the first component that has exited (a port taken, a bad setting)
+  local i
+  for i in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      echo "${names[$i]} exited at start (is its port taken?); from $LOGS/${names[$i]}.log:" >&2
+      grep -m1 -A3 '^Error' "$LOGS/${names[$i]}.log" >&2 || tail -n 5 "$LOGS/${names[$i]}.log" >&2
+      exit 1
+    fi
+  done
+}
+
+scraped=() # NAME=ADDR of each component serving /metrics
+admin_for() { # admin_for NAME: ADMIN=the next admin address, noted for the scrape at the end
+  ADMIN="127.0.0.1:$((METRICS_PORT + ${#scraped[@]}))"
+  scraped+=("$1=$ADMIN")
+}
+
 fleet=()
 endpoints=()
 if ((REPLICAS > 1)); then
   scripts/install_redis.sh
-  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --dir "$LOGS" \
-    >"$LOGS/redis.log" 2>&1 &
-  pids+=($!)
+  start redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no \
+    --dir "$LOGS"
   fleet=(--event-log "redis://127.0.0.1:$REDIS_PORT/0" --snapshot-interval-s 5)
 fi
 for k in $(seq 0 $((REPLICAS - 1))); do
-  "$BIN/kv-indexer-server" --listen-addr "127.0.0.1:$((INDEXER_PORT + k))" "${fleet[@]}" \
-    >"$LOGS/server-$k.log" 2>&1 &
-  pids+=($!)
+  admin=()
+  if [[ -n $METRICS_DIR ]]; then admin_for "server-$k"; admin=(--metrics-addr "$ADMIN"); fi
+  start "server-$k" "$BIN/kv-indexer-server" --listen-addr "127.0.0.1:$((INDEXER_PORT + k))" \
+    "${fleet[@]}" "${admin[@]}"
   endpoints+=("http://127.0.0.1:$((INDEXER_PORT + k))")
 done
 server_pid=${pids[-REPLICAS]}
 ENDPOINTS=$(IFS=,; echo "${endpoints[*]}")
+# Each worker's URL is the router's --worker-urls entry, its bridge's KV_INDEXER_WORKER_ADDRESS
+# and the `worker` label of both's metrics: one string, byte for byte.
 urls=()
 for i in 0 1 2; do
   port=$((BASE_PORT + i)); events=$((EVENTS_PORT + i))
-  "$BIN/kv-indexer-sim" --port "$port" --kv-events-port "$events" --capacity-tokens 32768 \
-    --prefill-us-per-token 20 --decode-us-per-token 200 >"$LOGS/sim-$i.log" 2>&1 &
-  pids+=($!)
-  KV_INDEXER_WORKER_ID="sim-$i" KV_INDEXER_WORKER_ADDRESS="http://127.0.0.1:$port" \
+  start "sim-$i" "$BIN/kv-indexer-sim" --port "$port" --kv-events-port "$events" \
+    --capacity-tokens 32768 --prefill-us-per-token 20 --decode-us-per-token 200
+  admin=()
+  if [[ -n $METRICS_DIR ]]; then admin_for "bridge-$i"; admin=(KV_INDEXER_BRIDGE_METRICS_ADDR="$ADMIN"); fi
+  start "bridge-$i" env "${admin[@]}" KV_INDEXER_WORKER_ID="sim-$i" KV_INDEXER_WORKER_ADDRESS="http://127.0.0.1:$port" \
     SGLANG_KV_EVENT_ENDPOINT="tcp://127.0.0.1:$events" SGLANG_KV_EVENT_TOPIC=kv-events \
-    KV_INDEXER_ENDPOINT="$ENDPOINTS" "$BIN/kv-indexer-bridge" >"$LOGS/bridge-$i.log" 2>&1 &
-  pids+=($!)
+    KV_INDEXER_ENDPOINT="$ENDPOINTS" "$BIN/kv-indexer-bridge"
   urls+=("http://127.0.0.1:$port")
 done
-"$BIN/kv-indexer-router" --listen-addr "$ROUTER" --worker-urls "$(IFS=,; echo "${urls[*]}")" \
-  --kv-indexer-endpoint "$ENDPOINTS" --cache-affinity-min-matched-tokens 32 >"$LOGS/router.log" 2>&1 &
-pids+=($!)
+start router "$BIN/kv-indexer-router" --listen-addr "$ROUTER" \
+  --worker-urls "$(IFS=,; echo "${urls[*]}")" --kv-indexer-endpoint "$ENDPOINTS" \
+  --cache-affinity-min-matched-tokens 32
 
-wait_http() {
-  for _ in $(seq 1 200); do
-    curl -sf "$1" >/dev/null 2>&1 && return 0
+until_ready() { # until_ready WHAT COMMAND...: until COMMAND succeeds, while everything runs
+  local what=$1
+  shift
+  for _ in $(seq 1 400); do
+    alive
+    "$@" >/dev/null 2>&1 && return 0
     sleep 0.05
   done
-  echo "timed out waiting for $1" >&2
-  return 1
+  echo "timed out waiting for $what" >&2
+  exit 1
 }
-for url in "${urls[@]}"; do wait_http "$url/health"; done
-wait_http "http://$ROUTER/health"
-sleep 1 # the router learns the block size from the first worker's /server_info
+router_knows_block_size() { curl -sf "http://$ROUTER/health" | grep -Eq '"block_size":[0-9]+'; }
+until_ready "the Indexer to serve" "$BIN/kv-indexer-ctl" health --endpoint "$ENDPOINTS" --timeout-ms 500
+for url in "${urls[@]}"; do until_ready "$url/health" curl -sf "$url/health"; done
+# The router's /health answers 200 once a worker passes its health check; the demo also waits
+# for the block size it learns from the first worker's /server_info (cache-aware routing needs it).
+until_ready "the router's /health and block size" router_knows_block_size
 
 ask() {
   local label=$1 text=$2
   local headers body
   headers=$(mktemp)
-  body=$(curl -s -D "$headers" "http://$ROUTER/generate" -H 'content-type: application/json' \
-    -d "{\"text\": \"$text\", \"sampling_params\": {\"max_new_tokens\": 8}}")
+  if ! body=$(curl -s -S --fail-with-body -D "$headers" "http://$ROUTER/generate" \
+    -H 'content-type: application/json' \
+    -d "{\"text\": \"$text\", \"sampling_params\": {\"max_new_tokens\": 8}}" 2>&1); then
+    echo "$label: the router did not answer it: $body (router log: $LOGS/router.log)" >&2
+    exit 1
+  fi
   python3 - "$label" "$headers" "$body" <<'PY'
 import json, sys
 label, headers, body = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -100,7 +149,8 @@ for line in open(headers):
         h[k.strip().lower()] = v.strip()
 meta = json.loads(body).get("meta_info", {})
 print(f"{label:<28} -> {h.get('x-routed-worker','?'):<24} reason={h.get('x-routing-reason','?'):<16} "
-      f"matched={h.get('x-matched-blocks','?')}/{h.get('x-query-blocks','?')} blocks  "
+      f"matched={h.get('x-matched-blocks','?')}/{h.get('x-query-blocks','?')} blocks "
+      f"{h.get('x-matched-tokens','?')} tokens  "
       f"prompt_tokens={meta.get('prompt_tokens')} cached_tokens={meta.get('cached_tokens')}")
 PY
   rm -f "$headers"
@@ -122,10 +172,22 @@ ask "doc B, question 2" "$B question two"
 ask "doc A, question 3" "$A question three"
 ask "doc C, question 2" "$C question two"
 ask "unrelated prompt" "$(doc delta 50)"
+alive # a component that lost its port to another of its kind exits, if slowly: not before now
 if ((REPLICAS > 1)); then
   echo
   echo "killing the first replica (kill -9): the router and the bridges go on with the next one"
   { kill -9 "$server_pid" && wait "$server_pid"; } 2>/dev/null || true
   ask "doc B, question 3" "$B question three"
   ask "doc C, question 3" "$C question three"
+fi
+if [[ -n $METRICS_DIR ]]; then
+  mkdir -p "$METRICS_DIR"
+  scraped+=("router=$ROUTER")
+  for entry in "${scraped[@]}"; do
+    name=${entry%%=*}
+    [[ $name == server-0 && $REPLICAS -gt 1 ]] && continue # killed above
+    curl -sf "http://${entry#*=}/metrics" >"$METRICS_DIR/$name.prom" ||
+      { echo "scraping $name's /metrics at ${entry#*=} failed" >&2; exit 1; }
+  done
+  echo "metrics of ${#scraped[@]} components in $METRICS_DIR"
 fi
