@@ -143,14 +143,8 @@ impl Durable {
                     warn!(error = %kv_common::error_chain(&error), "cannot trim the log below the snapshot");
                 }
             }
-            Ok(Err(error)) => {
-                crate::observe::snapshot_failed();
-                warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
-            }
-            Err(_) => {
-                crate::observe::snapshot_failed();
-                warn!("the snapshot thread panicked")
-            }
+            Ok(Err(error)) => crate::observe::snapshot_failed(Some(&error)),
+            Err(_) => crate::observe::snapshot_failed(None),
         }
     }
 

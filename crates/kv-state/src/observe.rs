@@ -109,9 +109,16 @@ pub fn snapshot_written(bytes: u64, took: Duration) {
     metrics::gauge!("kv_indexer_snapshot_last_success_timestamp_seconds").set(now.as_secs_f64());
 }
 
-/// A snapshot that could not be written (or, in a fleet, published).
-pub fn snapshot_failed() {
+/// A snapshot build that failed (`Some`, with its error) or whose thread panicked (`None`):
+/// counted and logged.
+pub fn snapshot_failed(error: Option<&crate::error::StateError>) {
     metrics::counter!("kv_indexer_snapshot_failures_total").increment(1);
+    match error {
+        Some(error) => {
+            tracing::warn!(error = %kv_common::error_chain(error), "building a snapshot failed")
+        }
+        None => tracing::warn!("the snapshot thread panicked"),
+    }
 }
 
 /// The index's sizes, with the live workers counted from the workers' meta.

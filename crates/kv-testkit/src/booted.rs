@@ -25,18 +25,44 @@ pub struct BootedServer {
     task: JoinHandle<Result<(), kv_server::error::StartError>>,
 }
 
-impl BootedServer {
-    /// Serves, boots the state `config` names and starts its periodic jobs.
-    pub async fn start(config: Config) -> BootedServer {
+/// A server that listens but has not loaded its state: NOT_SERVING and UNAVAILABLE until
+/// `boot::boot` runs on its `shared` (as the binary is while it recovers).
+pub struct Listening {
+    pub addr: std::net::SocketAddr,
+    pub shared: Arc<Shared>,
+    pub stop: CancellationToken,
+    pub task: JoinHandle<Result<(), kv_server::error::StartError>>,
+}
+
+impl Listening {
+    pub async fn start(config: &Config) -> Listening {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared::new(&config).unwrap());
+        let shared = Arc::new(Shared::new(config).unwrap());
         let stop = CancellationToken::new();
         let task = tokio::spawn(server::run(
             listener,
             shared.clone(),
             stop.clone().cancelled_owned(),
         ));
+        Listening {
+            addr,
+            shared,
+            stop,
+            task,
+        }
+    }
+}
+
+impl BootedServer {
+    /// Serves, boots the state `config` names and starts its periodic jobs.
+    pub async fn start(config: Config) -> BootedServer {
+        let Listening {
+            addr,
+            shared,
+            stop,
+            task,
+        } = Listening::start(&config).await;
         boot::boot(&shared, &config).await.unwrap();
         boot::spawn_maintenance(shared.clone(), &config, stop.clone());
         let channel = Channel::from_shared(format!("http://{addr}"))

@@ -40,14 +40,15 @@ fn a_bad_state_directory_fails_before_listening() {
     let file = file.join("not-a-directory");
     std::fs::write(&file, b"x").unwrap();
     let port = Port::reserve();
-    let output = Command::new(env!("CARGO_BIN_EXE_kv-indexer-server"))
-        .env("KV_INDEXER_LISTEN_ADDR", port.addr().to_string())
-        .env("KV_INDEXER_STATE_DIR", file.join("state"))
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
+    let state = file.join("state");
+    let output = server(&[
+        ("KV_INDEXER_LISTEN_ADDR", &port.addr().to_string()),
+        ("KV_INDEXER_STATE_DIR", state.to_str().unwrap()),
+    ])
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
     assert!(stderr.contains("KV_INDEXER_STATE_DIR"), "{stderr}");
     assert!(
         !stderr.contains("listening"),
@@ -62,12 +63,13 @@ fn metrics_have_help_and_exist_from_start() {
     let (grpc, admin) = (Port::reserve(), Port::reserve());
     let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
     drop((grpc, admin));
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kv-indexer-server"))
-        .env("KV_INDEXER_LISTEN_ADDR", grpc_addr.to_string())
-        .env("KV_INDEXER_METRICS_ADDR", admin_addr.to_string())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut server = server(&[
+        ("KV_INDEXER_LISTEN_ADDR", &grpc_addr.to_string()),
+        ("KV_INDEXER_METRICS_ADDR", &admin_addr.to_string()),
+    ])
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let text = loop {
         match scrape(admin_addr) {
@@ -118,14 +120,14 @@ fn a_replica_cut_off_from_its_log_shows_the_lag_and_logs_the_outage_sparingly() 
     let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
     drop((grpc, admin));
     let logs = kv_testkit::temp_dir("kv-binaries", "replica-log").with_extension("log");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kv-indexer-server"))
-        .env("KV_INDEXER_LISTEN_ADDR", grpc_addr.to_string())
-        .env("KV_INDEXER_METRICS_ADDR", admin_addr.to_string())
-        .env("KV_INDEXER_EVENT_LOG", redis.url())
-        .env("RUST_LOG", "info")
-        .stderr(std::fs::File::create(&logs).unwrap())
-        .spawn()
-        .unwrap();
+    let mut server = server(&[
+        ("KV_INDEXER_LISTEN_ADDR", &grpc_addr.to_string()),
+        ("KV_INDEXER_METRICS_ADDR", &admin_addr.to_string()),
+        ("KV_INDEXER_EVENT_LOG", &redis.url()),
+    ])
+    .stderr(std::fs::File::create(&logs).unwrap())
+    .spawn()
+    .unwrap();
     let metric = |text: &str, name: &str| -> Option<f64> {
         text.lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
@@ -162,6 +164,19 @@ fn a_replica_cut_off_from_its_log_shows_the_lag_and_logs_the_outage_sparingly() 
         (1..=6).contains(&lines),
         "{lines} lines about the outage:\n{log}"
     );
+}
+
+/// The server binary with these variables (and `RUST_LOG=info`), none inherited from the
+/// caller's `KV_INDEXER_*`.
+fn server(variables: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kv-indexer-server"));
+    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("KV_INDEXER_")) {
+        command.env_remove(name);
+    }
+    command
+        .env("RUST_LOG", "info")
+        .envs(variables.iter().copied());
+    command
 }
 
 /// `GET /metrics` over plain HTTP/1.1, or `None` while nothing answers.

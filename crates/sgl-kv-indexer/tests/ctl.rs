@@ -5,13 +5,11 @@ use std::process::Output;
 
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::simple_tokenize;
-use kv_server::service::Shared;
-use kv_server::{Config, boot, server};
+use kv_server::{Config, boot};
+use kv_testkit::booted::Listening;
 use kv_testkit::indexer::HBM;
 use kv_testkit::{Port, TestIndexer};
 use serde_json::Value;
-use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
 const TEXT: &str = "you are a helpful assistant . answer briefly and cite sources";
 
@@ -154,16 +152,9 @@ async fn exits_with_1_when_the_indexer_cannot_answer() {
 #[tokio::test]
 async fn health_and_prefix_tell_a_recovering_server_from_an_unreachable_one() {
     // A server that listens but has not loaded its state yet (boot not run).
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let config = Config::default();
-    let shared = Arc::new(Shared::new(&config).unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(server::run(
-        listener,
-        shared.clone(),
-        stop.clone().cancelled_owned(),
-    ));
+    let server = Listening::start(&config).await;
+    let endpoint = format!("http://{}", server.addr);
 
     let output = ctl(&args(&["--endpoint", &endpoint, "health"])).await;
     assert_eq!(output.status.code(), Some(1));
@@ -177,7 +168,7 @@ async fn health_and_prefix_tell_a_recovering_server_from_an_unreachable_one() {
         "the server's reason, not only its class: {stderr}"
     );
 
-    boot::boot(&shared, &config).await.unwrap();
+    boot::boot(&server.shared, &config).await.unwrap();
     let json = ctl_json(args(&["--endpoint", &endpoint, "--json", "health"])).await;
     assert_eq!(json["serving"], true);
     assert_eq!(json["replicas"][0]["status"], "SERVING");
@@ -187,7 +178,7 @@ async fn health_and_prefix_tell_a_recovering_server_from_an_unreachable_one() {
     let both = format!("{endpoint},{dead}");
     let output = ctl(&args(&["--endpoint", &both, "health"])).await;
     assert_eq!(output.status.code(), Some(1));
-    stop.cancel();
+    server.stop.cancel();
 }
 
 #[tokio::test]

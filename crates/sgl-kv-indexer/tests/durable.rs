@@ -6,17 +6,13 @@
 //! API in `kv-state`'s tests.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
-use kv_server::service::Shared;
-use kv_server::{Config, boot, server};
-use kv_testkit::booted::BootedServer;
+use kv_server::{Config, boot};
+use kv_testkit::booted::{BootedServer, Listening};
 use kv_testkit::indexer::prefix_request;
 use kv_testkit::indexer::{CLEAR, DRAM, HBM, REPORT, REVOKE, action, apply_request as apply};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -118,16 +114,10 @@ async fn a_restart_answers_exactly_what_the_server_answered_before() {
 
 #[tokio::test]
 async fn answers_unavailable_and_not_serving_until_the_state_is_loaded() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let config = config(&kv_testkit::temp_dir(PREFIX, "ready"));
-    let shared = Arc::new(Shared::new(&config).unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(server::run(
-        listener,
-        shared.clone(),
-        stop.clone().cancelled_owned(),
-    ));
+    let Listening {
+        addr, shared, stop, ..
+    } = Listening::start(&config).await;
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()

@@ -150,14 +150,8 @@ impl Applier {
                         let _ = std::fs::remove_file(snapshot::path(&dir, stale.position));
                     }
                 }
-                Ok(Err(error)) => {
-                    crate::observe::snapshot_failed();
-                    warn!(error = %kv_common::error_chain(&error), "building a snapshot failed")
-                }
-                Err(_) => {
-                    crate::observe::snapshot_failed();
-                    warn!("the snapshot thread panicked")
-                }
+                Ok(Err(error)) => crate::observe::snapshot_failed(Some(&error)),
+                Err(_) => crate::observe::snapshot_failed(None),
             }
         }
         let Some(interval) = self.snapshot_interval else {
