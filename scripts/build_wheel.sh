@@ -6,18 +6,24 @@
 #   scripts/build_wheel.sh          manylinux2014 (glibc 2.17): linked with zig (`ziglang` from
 #                                   PyPI), so it installs on any Linux x86_64 of the last decade
 #   scripts/build_wheel.sh --host   linked by this machine's toolchain and tagged for its glibc
-#                                   (manylinux_2_34 here): no second build, shares target/release
+#                                   (manylinux_2_34 here): no second target, shares target/release
+#   scripts/build_wheel.sh --host --dev
+#                                   the same from the dev profile (target/debug): what CI builds
+#                                   to check the packaging within its time budget
 #
 # Then: python3 -m venv v && v/bin/pip install dist/sgl_kv_indexer-*.whl && v/bin/kv-indexer-server --version
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODE=zig
-case "${1:-}" in
-  "") ;;
-  --host) MODE=host ;;
-  *) echo "usage: scripts/build_wheel.sh [--host]" >&2; exit 2 ;;
-esac
+PROFILE=(--release)
+for arg in "$@"; do
+  case "$arg" in
+    --host) MODE=host ;;
+    --dev) PROFILE=() ;;
+    *) echo "usage: scripts/build_wheel.sh [--host] [--dev]" >&2; exit 2 ;;
+  esac
+done
 
 VENV=${KV_INDEXER_BUILD_VENV:-$HOME/.cache/kv-indexer-build-venv}
 if [[ ! -x "$VENV/bin/maturin" ]]; then
@@ -29,8 +35,8 @@ export PATH="$VENV/bin:$PATH"
 rm -f dist/sgl_kv_indexer-*.whl
 if [[ $MODE == zig ]]; then
   # --zig links against glibc 2.17's symbols; the compatibility check then passes for 2014.
-  maturin build --release --locked --out dist --zig --compatibility manylinux2014
+  maturin build "${PROFILE[@]}" --locked --out dist --zig --compatibility manylinux2014
 else
-  maturin build --release --locked --out dist
+  maturin build "${PROFILE[@]}" --locked --out dist
 fi
 ls -l dist/sgl_kv_indexer-*.whl
