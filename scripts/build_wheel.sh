@@ -26,9 +26,10 @@ for arg in "$@"; do
 done
 
 VENV=${KV_INDEXER_BUILD_VENV:-$HOME/.cache/kv-indexer-build-venv}
-if [[ ! -x "$VENV/bin/maturin" ]]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q "maturin>=1.9,<2.0" "ziglang>=0.13"
+[[ -x "$VENV/bin/pip" ]] || python3 -m venv "$VENV"
+[[ -x "$VENV/bin/maturin" ]] || "$VENV/bin/pip" install -q "maturin>=1.9,<2.0"
+if [[ $MODE == zig ]] && ! "$VENV/bin/python" -c 'import ziglang' 2>/dev/null; then
+  "$VENV/bin/pip" install -q "ziglang>=0.13"
 fi
 export PATH="$VENV/bin:$PATH"
 

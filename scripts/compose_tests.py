@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""The fleet of deploy/compose/ in real containers: Redis (AOF on), two Indexer replicas on
+its stream, three simulated SGLang workers each with its bridge, and the router, each in its
+own container, from the image scripts/build_image.sh makes.
+
+Brings the compose project up under a unique name (docker-compose.yml plus
+docker-compose.test.yml, which publishes the replicas' /state and the workers' /cache_view on
+the host's loopback), runs the cases, prints a row per case, saves every container's log and
+tears the project down, whatever happened. Cases:
+
+  route      requests with shared prefixes through the router: `cache_hit` decisions
+             (kv_router_decisions_total and the x-routing-reason header); the index equals
+             the workers' caches, and both replicas' digests are equal.
+  kill       `docker kill` indexer-0 (the replica routers and bridges try first) while
+             requests flow through the router, `docker start` it 2 s later: no request fails,
+             the bridges go on (none restarted), no replica over-claims against the workers,
+             digests equal once it serves again.
+  partition  `docker network disconnect` indexer-0 from Redis's network while requests flow:
+             NOT_SERVING (`kv-indexer-ctl health` in the container, and /state) within
+             KV_INDEXER_MAX_LAG_MS + 0.5 s, with kv_indexer_fleet_lag_seconds past the bound;
+             reconnected, it serves again with the other's digest.
+  redis      `docker restart` Redis (AOF on) with the fleet quiet: nothing lost, i.e. after the
+             replicas serve again the digests and placement counts are those of before, and the
+             index still equals the workers' caches.
+
+    scripts/compose_tests.py [--build] [--profile dev] [--only route,kill] [--keep]
+
+--build runs scripts/build_image.sh first (with --profile); otherwise the images must exist
+(kv-indexer:latest and redis:7.0-bookworm, or those --image and --redis-image name). Exit
+status 1 when any case fails. Needs a Docker Engine with `docker compose` or docker-compose;
+only the Python standard library.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import crash_tests as ct  # noqa: E402  (router decisions)
+import fault_tests as ft  # noqa: E402  (traffic, worker views, settle, compare)
+import fleet_tests  # noqa: E402  (a replica's freshness, digests)
+
+ROOT = ft.ROOT
+COMPOSE_DIR = os.path.join(ROOT, "deploy", "compose")
+COMPOSE_FILES = ["docker-compose.yml", "docker-compose.test.yml"]
+REPLICAS = ["indexer-0", "indexer-1"]
+WORKERS = ["worker-0", "worker-1", "worker-2"]
+BRIDGES = ["bridge-0", "bridge-1", "bridge-2"]
+GRPC = "http://127.0.0.1:50051"  # a replica's own listener, from inside its container
+
+CASES = {
+    "route": "shared prefixes through the router: cache_hit",
+    "kill": "docker kill indexer-0 mid-stream, start it",
+    "partition": "indexer-0 cut off Redis (network disconnect)",
+    "redis": "docker restart redis (AOF), fleet quiet",
+}
+
+
+def run(argv, check=True, timeout=180, env=None):
+    """Runs `argv`, returns its CompletedProcess (text); raises with its output if it fails."""
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                         stdin=subprocess.DEVNULL)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])} … exited {out.returncode}: {out.stderr.strip()[-800:]}")
+    return out
+
+
+def compose_command():
+    """`docker compose` (the plugin) when there is one, else docker-compose (v1)."""
+    if run(["docker", "compose", "version"], check=False).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    raise RuntimeError("neither `docker compose` nor docker-compose is installed")
+
+
+class Project:
+    """The compose project under a unique name, and its containers by service."""
+
+    def __init__(self, name, args):
+        self.name = name
+        self.env = dict(os.environ, KV_ROUTER_PUBLISH="127.0.0.1:", KV_INDEXER_MAX_LAG_MS=str(args.max_lag_ms),
+                        KV_SIM_CAPACITY_TOKENS="8192", KV_INDEXER_IMAGE=args.image, KV_REDIS_IMAGE=args.redis_image)
+        files = [arg for f in COMPOSE_FILES for arg in ("-f", os.path.join(COMPOSE_DIR, f))]
+        self.base = [*compose_command(), "-p", name, *files]
+        self.ids = {}
+
+    def compose(self, *args, timeout=300):
+        return run([*self.base, *args], env=self.env, timeout=timeout)
+
+    def up(self):
+        self.compose("up", "-d", "--no-build")
+
+    def down(self):
+        run([*self.base, "down", "-v", "--remove-orphans", "-t", "5"], check=False, env=self.env, timeout=300)
+
+    def save_logs(self, path):
+        with open(path, "w") as f:
+            f.write(run([*self.base, "logs", "--no-color", "-t"], check=False, env=self.env).stdout)
+
+    def container(self, service):
+        if service not in self.ids:
+            out = run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={self.name}",
+                       "--filter", f"label=com.docker.compose.service={service}"]).stdout.split()
+            if len(out) != 1:
+                raise RuntimeError(f"{service}: {len(out)} containers")
+            self.ids[service] = out[0]
+        return self.ids[service]
+
+    def network_name(self, key):
+        out = run(["docker", "network", "ls", "--format", "{{.Name}}", "--filter",
+                   f"label=com.docker.compose.project={self.name}",
+                   "--filter", f"label=com.docker.compose.network={key}"]).stdout.split()
+        if len(out) != 1:
+            raise RuntimeError(f"network {key}: {len(out)} found")
+        return out[0]
+
+    def url(self, service, port):
+        """http://127.0.0.1:<host port> where `service`'s `port` is published now."""
+        for line in run(["docker", "port", self.container(service), f"{port}/tcp"]).stdout.splitlines():
+            if line.startswith("127.0.0.1:"):
+                return f"http://{line.strip()}"
+        raise RuntimeError(f"{service}:{port} is not published")
+
+    def docker(self, verb, service, *args, timeout=60):
+        return run(["docker", verb, *args, self.container(service)], timeout=timeout)
+
+    def exec(self, service, *argv, check=True, timeout=30):
+        return run(["docker", "exec", self.container(service), *argv], check=check, timeout=timeout)
+
+    def inspect(self, service):
+        return json.loads(run(["docker", "inspect", self.container(service)]).stdout)[0]
+
+
+class ComposeFleet(ft.Fleet):
+    """fault_tests' Fleet (worker_views, index_view, over_claimed) and fleet_tests'
+    ReplicaFleet (fresh, wait_fresh, digests, wait_converged), for the containers: replica k
+    is REPLICAS[k]; the index is read with kv-indexer-ctl inside a replica's container, its
+    GET /state and the workers' /cache_view through the ports published on the loopback."""
+
+    fresh = fleet_tests.ReplicaFleet.fresh
+    wait_fresh = fleet_tests.ReplicaFleet.wait_fresh
+    wait_all_fresh = fleet_tests.ReplicaFleet.wait_all_fresh
+    digests = fleet_tests.ReplicaFleet.digests
+    wait_converged = fleet_tests.ReplicaFleet.wait_converged
+
+    def __init__(self, project):  # not Fleet's: it starts processes, and here they run
+        self.project = project
+        self.replicas = len(REPLICAS)
+        self.ids = list(WORKERS)
+        self.endpoints = list(REPLICAS)  # what over_claimed passes to index_view
+        self.endpoint = REPLICAS[0]
+        self.urls = [project.url(w, 30000) for w in WORKERS]
+        self.router_url = project.url("router", 30080)
+        self.admin = {}
+
+    def index_view(self, universe, endpoint=None):
+        held = {}
+        hashes = sorted(universe)
+        for start in range(0, len(hashes), ft.MAX_MATCH_HASHES):
+            chunk = hashes[start:start + ft.MAX_MATCH_HASHES]
+            out = self.project.exec(endpoint or self.endpoint, "kv-indexer-ctl", "--endpoint", GRPC, "--json",
+                                    "match", "--", *map(str, chunk))
+            for node in json.loads(out.stdout)["matches"]:
+                dest = held.setdefault(node["worker_id"], set())
+                for tier in node["tiers"]:
+                    dest.update((tier["tier"], h) for h in tier["hashes"])
+        return held
+
+    def state(self, k):
+        """Replica k's GET /state (its host port is looked up again after a failure: a
+        restarted container gets another)."""
+        if k not in self.admin:
+            self.admin[k] = self.project.url(REPLICAS[k], 9090)
+        try:
+            return ft.http_json(f"{self.admin[k]}/state", timeout=2)
+        except Exception:
+            self.admin.pop(k, None)
+            raise
+
+
+# -- health ------------------------------------------------------------------------------------
+
+def serving(project, replica):
+    """`kv-indexer-ctl health` inside the replica's container: SERVING (exit 0) or not."""
+    return project.exec(replica, "kv-indexer-ctl", "--endpoint", GRPC, "--timeout-ms", "1000", "health",
+                        check=False).returncode == 0
+
+
+# Inside the container, so that neither `docker exec` nor `docker network` delays what it
+# sees: waits until the interface with the MAC $1 (the container's leg on Redis's network)
+# is gone, prints the clock then (the cut), then asks `kv-indexer-ctl health` every 20 ms and
+# prints when the first call answering other than SERVING began and ended. The host shares
+# the clock.
+WATCH_CUT = f"""
+for i in /sys/class/net/*; do [ "$(cat $i/address)" = "$1" ] && leg=$i; done
+[ -n "$leg" ] || {{ echo "no interface with address $1" >&2; exit 3; }}
+echo ready
+while [ -e "$leg" ]; do sleep 0.002; done
+date +%s.%N
+while began=$(date +%s.%N); kv-indexer-ctl --endpoint {GRPC} --timeout-ms 1000 health >/dev/null 2>&1; do
+  sleep 0.02
+done
+echo "$began $(date +%s.%N)"
+"""
+
+
+class CutWatch:
+    """WATCH_CUT running in the replica's container: when its leg on `network` went, and
+    when the health check that first saw something other than SERVING began and ended."""
+
+    def __init__(self, project, replica, network):
+        mac = project.inspect(replica)["NetworkSettings"]["Networks"][network]["MacAddress"]
+        self.proc = subprocess.Popen(["docker", "exec", project.container(replica), "bash", "-c", WATCH_CUT,
+                                      "watch", mac], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the watch in {replica} did not start: {self.proc.stderr.read()}")
+
+    def times(self, timeout=10):
+        """(the cut, (began, ended) of the first check not SERVING), as time.time() reads."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        times = [float(t) for t in out.split()]
+        if len(times) != 3:
+            raise RuntimeError(f"the watch saw {out.split()} ({err.strip()})")
+        return times[0], (times[1], times[2])
+
+
+def wait_started(project, fleet):
+    """Every replica serving, every container with a health check healthy."""
+    fleet.wait_all_fresh()
+
+    def healthy(service):
+        return project.inspect(service)["State"].get("Health", {}).get("Status") == "healthy"
+
+    for service in [*WORKERS, *BRIDGES, "router"]:
+        ft.wait_until(lambda: healthy(service), f"{service} to be healthy", timeout=120, interval=0.5)
+    time.sleep(1.0)  # the bridges subscribe (and replay from seq 0)
+
+
+def restarts(project, services):
+    """{service: restart count} of those that restarted or stopped."""
+    out = {}
+    for service in services:
+        state = project.inspect(service)
+        if state["RestartCount"] or not state["State"]["Running"]:
+            out[service] = state["RestartCount"]
+    return out
+
+
+# -- traffic through the router ------------------------------------------------------------------
+
+class Load:
+    """`threads` senders through the router until stopped; counts failures."""
+
+    def __init__(self, fleet, traffic, threads=4):
+        self.fleet, self.traffic = fleet, traffic
+        self.stop_event = threading.Event()
+        self.before = ct.router_decisions(fleet.router_url)
+        self.errors_before = traffic.errors
+        self.threads = [threading.Thread(target=self.loop, daemon=True) for _ in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def loop(self):
+        while not self.stop_event.is_set():
+            self.traffic.one(self.fleet.router_url)
+
+    def stop(self):
+        """Stops; returns (decisions by reason in the window, failed requests)."""
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        return ct.diff(ct.router_decisions(self.fleet.router_url), self.before), self.traffic.errors - self.errors_before
+
+
+def routing_summary(decisions):
+    """Routed, the hit ratio, and the blind decisions (the Indexer gave no signal) by reason."""
+    routed = sum(decisions.values())
+    hits = decisions.get("cache_hit", 0)
+    blind = {k: v for k, v in decisions.items() if k not in ("cache_hit", "no_usable_match")}
+    return f"routed {routed}, hit {hits / max(routed, 1):.2f}, blind {sum(blind.values())} {blind or ''}".rstrip()
+
+
+def routed_reason(fleet, traffic):
+    """One request through the router: its x-routing-reason header."""
+    tokens = traffic.prompt()
+    body = json.dumps({"input_ids": tokens, "sampling_params": {"max_new_tokens": 1}}).encode()
+    req = urllib.request.Request(f"{fleet.router_url}/generate", data=body,
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        resp.read()
+        traffic.universe.update(ft.block_hashes(tokens))
+        return resp.headers.get("x-routing-reason")
+
+
+def check_index(fleet, traffic, args):
+    """Quiet: the index (every replica) against the workers' caches, and digests equal.
+    Returns notes; raises when a replica over-claims, under-claims or differs."""
+    settled = ft.settle(fleet, traffic, time.time(), args)
+    if settled["over"] or settled["under"]:
+        raise RuntimeError(f"{REPLICAS[0]} against the workers: over {settled['over']}, under "
+                           f"{settled['under']} (examples {settled['examples']})")
+    for replica in REPLICAS[1:]:
+        over = fleet.over_claimed(traffic, replica)
+        if over:
+            raise RuntimeError(f"{replica} over-claims {over} placements")
+    fleet.wait_converged()
+    return f"placements {settled['expected']}, over 0, under 0, digests equal"
+
+
+# -- the cases -------------------------------------------------------------------------------------
+
+class Ctx:
+    """What every case uses: the project, the fleet's views, the traffic."""
+
+    def __init__(self, project, fleet, traffic, args):
+        self.project, self.fleet, self.traffic, self.args = project, fleet, traffic, args
+
+
+def case_route(c):
+    before = ct.router_decisions(c.fleet.router_url)
+    for _ in range(c.args.requests):
+        c.traffic.one(c.fleet.router_url)
+    reasons = [routed_reason(c.fleet, c.traffic) for _ in range(c.args.docs)]
+    decisions = ct.diff(ct.router_decisions(c.fleet.router_url), before)
+    if c.traffic.errors:
+        raise RuntimeError(f"{c.traffic.errors} requests failed")
+    if decisions.get("cache_hit", 0) < c.args.requests // 2 or "cache_hit" not in reasons:
+        raise RuntimeError(f"too few cache hits: {decisions}, x-routing-reason {reasons}")
+    return f"{routing_summary(decisions)}; {check_index(c.fleet, c.traffic, c.args)}"
+
+
+def case_kill(c):
+    k = 0
+    load = Load(c.fleet, c.traffic)
+    try:
+        time.sleep(1.0)
+        c.project.docker("kill", REPLICAS[k])
+        time.sleep(c.args.down_s)
+        c.project.docker("start", REPLICAS[k])
+        back = c.fleet.wait_fresh(k)
+        time.sleep(1.0)
+    finally:
+        decisions, failed = load.stop()
+    gone = restarts(c.project, [*BRIDGES, *WORKERS, "router", REPLICAS[1]])
+    if failed or gone or not decisions.get("cache_hit"):
+        raise RuntimeError(f"{failed} requests failed; restarted or stopped: {gone}; decisions {decisions}")
+    return (f"serving {back:.2f} s after its start; 0 failed, {routing_summary(decisions)}; "
+            f"{check_index(c.fleet, c.traffic, c.args)}")
+
+
+def cut_off(c, k, network, seconds):
+    """Disconnects replica k from `network` for `seconds`; returns seconds from the cut (its
+    leg gone, as the container saw it) to NOT_SERVING by gRPC health (the answer, and when
+    that check began) and by /state, the disconnect's own time, whether it answered SERVING
+    during the cut, and its lag then by /state and by LAG_METRIC."""
+    replica = REPLICAS[k]
+    container = c.project.container(replica)
+    watch = CutWatch(c.project, replica, network)
+    began = time.time()
+    run(["docker", "network", "disconnect", network, container])
+    took = time.time() - began
+    try:
+        ft.wait_until(lambda: not c.fleet.fresh(k), f"{replica} to stop serving", timeout=10, interval=0.01)
+        stale_at = time.time()
+        cut, (check_began, not_serving) = watch.times()
+        during = serving(c.project, replica)
+        lags = (c.fleet.state(k).get("lag_ms"), lag_metric(c.fleet, k))
+        time.sleep(max(0.0, seconds - (time.time() - cut)))
+    finally:
+        run(["docker", "network", "connect", "--alias", replica, network, container])
+    return not_serving - cut, check_began - cut, stale_at - cut, took, during, lags
+
+
+def case_partition(c):
+    k, bound = 0, c.args.max_lag_ms / 1000 + 0.5
+    if not serving(c.project, REPLICAS[k]):
+        raise RuntimeError(f"{REPLICAS[k]} is not SERVING before the cut")
+    # One sender: the log moves and the router is tested, and the CPU is left to the health
+    # checks, whose own latency counts against the bound.
+    load = Load(c.fleet, c.traffic, threads=1)
+    try:
+        time.sleep(1.0)
+        health, began, stale, took, during, lags = cut_off(c, k, c.project.network_name("log"), 3.0)
+        back = c.fleet.wait_fresh(k)
+        after = serving(c.project, REPLICAS[k])
+    finally:
+        decisions, failed = load.stop()
+    notes = (f"NOT_SERVING {health:.2f} s after the cut (that check began at {began:.2f} s; /state "
+             f"{stale:.2f} s; bound {bound:.2f} s; "
+             f"`docker network disconnect` took {took:.2f} s; lag then: /state {lags[0]} ms, "
+             f"{LAG_METRIC} {lags[1]} ms), serving {back:.2f} s after reconnecting; "
+             f"{failed} failed, {routing_summary(decisions)}")
+    # The lag must show where alerts read it, not only in /state.
+    if health > bound or stale > bound or during or not after or failed or not (lags[1] or 0) > c.args.max_lag_ms:
+        raise RuntimeError(f"{notes}; SERVING during the cut: {during}, after: {after}")
+    return f"{notes}; {check_index(c.fleet, c.traffic, c.args)}"
+
+
+LAG_METRIC = "kv_indexer_fleet_lag_seconds"
+
+
+def lag_metric(fleet, k):
+    """LAG_METRIC on replica k's /metrics, in ms (None when it exports none)."""
+    fleet.state(k)  # the admin address, looked up
+    with urllib.request.urlopen(f"{fleet.admin[k]}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(LAG_METRIC):
+                return round(float(line.rsplit(" ", 1)[1]) * 1000)
+    return None
+
+
+def index_sizes(fleet):
+    """Every replica's (digest, placements)."""
+    return [(s["digest"], s["placements"]) for s in map(fleet.state, range(fleet.replicas))]
+
+
+def case_redis(c):
+    c.fleet.wait_converged()
+    before = index_sizes(c.fleet)
+    start = time.time()
+    c.project.docker("restart", "redis", "-t", "10")
+    ft.wait_until(lambda: c.project.inspect("redis")["State"].get("Health", {}).get("Status") == "healthy",
+                  "redis to be healthy", timeout=60, interval=0.1)
+    c.fleet.wait_all_fresh()
+    back = time.time() - start
+    c.fleet.wait_converged()
+    after = index_sizes(c.fleet)
+    if after != before:
+        raise RuntimeError(f"the index changed across the restart: {before} -> {after}")
+    notes = check_index(c.fleet, c.traffic, c.args)
+    reasons = [routed_reason(c.fleet, c.traffic) for _ in range(c.args.docs)]
+    if "cache_hit" not in reasons:
+        raise RuntimeError(f"no cache hit after the restart: {reasons}")
+    return (f"every replica serving {back:.2f} s after the restart began; {before[0][1]} placements "
+            f"and the digests unchanged; {notes}")
+
+
+RUNNERS = {"route": case_route, "kill": case_kill, "partition": case_partition, "redis": case_redis}
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def ensure_images(args):
+    if args.build:
+        subprocess.run([os.path.join(ROOT, "scripts", "build_image.sh"), "--profile", args.profile,
+                        "--tag", args.image], check=True)
+    for image in (args.image, args.redis_image):
+        if run(["docker", "image", "inspect", image], check=False).returncode != 0:
+            raise SystemExit(f"image {image} is missing: run scripts/build_image.sh (or pass --build)")
+
+
+def run_case(name, ctx):
+    """(ok, seconds, notes) of one case."""
+    print(f"running {name}: {CASES[name]} …", file=sys.stderr, flush=True)
+    start = time.time()
+    try:
+        notes, ok = RUNNERS[name](ctx), True
+    except Exception as error:
+        notes, ok = f"FAILED: {error}", False
+        print(f"  {name} failed: {error}", file=sys.stderr, flush=True)
+    return ok, time.time() - start, notes
+
+
+def print_table(rows):
+    print(f"\n{'case':<10} {'description':<46} {'result':<6} {'time_s':>7}  notes")
+    for name, ok, seconds, notes in rows:
+        print(f"{name:<10} {CASES[name]:<46} {'ok' if ok else 'FAIL':<6} {seconds:>7.1f}  {notes}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(CASES), help="comma-separated cases: " + ", ".join(CASES))
+    ap.add_argument("--build", action="store_true", help="run scripts/build_image.sh first")
+    ap.add_argument("--profile", default="release", help="the cargo profile --build uses")
+    ap.add_argument("--image", default="kv-indexer:latest", help="the Indexer's image")
+    ap.add_argument("--redis-image", default="redis:7.0-bookworm")
+    ap.add_argument("--keep", action="store_true", help="leave the project up (to look around)")
+    ap.add_argument("--max-lag-ms", type=int, default=1000, help="KV_INDEXER_MAX_LAG_MS of the replicas")
+    ap.add_argument("--requests", type=int, default=60, help="requests through the router in `route`")
+    ap.add_argument("--down-s", type=float, default=2.0, help="how long the killed replica stays down")
+    ap.add_argument("--docs", type=int, default=8)
+    ap.add_argument("--doc-tokens", type=int, default=512)
+    ap.add_argument("--suffix-tokens", type=int, default=64)
+    ap.add_argument("--stable-s", type=float, default=4.0)
+    ap.add_argument("--deadline-s", type=float, default=60.0)
+    ap.add_argument("--poll-s", type=float, default=0.3)
+    ap.add_argument("--seed", type=int, default=23)
+    args = ap.parse_args()
+    cases = [c for c in args.only.split(",") if c]
+    for c in cases:
+        if c not in CASES:
+            ap.error(f"unknown case {c!r}")
+    ensure_images(args)
+
+    project = Project(f"kvtest{os.getpid()}{int(time.time()) % 100000}", args)
+    logs = tempfile.mkdtemp(prefix="kv-compose-tests-")
+    signal.signal(signal.SIGTERM, lambda s, _f: sys.exit(128 + s))
+    rows = []
+    try:
+        started = time.time()
+        project.up()
+        fleet = ComposeFleet(project)
+        wait_started(project, fleet)
+        print(f"project {project.name} up and serving in {time.time() - started:.1f} s", file=sys.stderr)
+        ctx = Ctx(project, fleet, ft.Traffic(args, args.seed), args)
+        for name in cases:
+            rows.append((name, *run_case(name, ctx)))
+    finally:
+        project.save_logs(os.path.join(logs, "compose.log"))
+        if args.keep:
+            print(f"left up: {' '.join(project.base)} down -v", file=sys.stderr)
+        else:
+            project.down()
+    print_table(rows)
+    print(f"\ncontainer logs: {logs}/compose.log")
+    return 0 if rows and all(ok for _, ok, _, _ in rows) and len(rows) == len(cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
