@@ -531,13 +531,10 @@ def main():
     except (YamlError, json.JSONDecodeError) as error:
         problems.append(str(error))
 
-    for problem in problems:
-        print(f"FAIL: {problem}")
-    if problems:
-        print(f"check_ops: {len(problems)} problem(s)")
-        return 1
-    print("check_ops: all checks passed")
-    return 0
+    print("".join(f"FAIL: {problem}\n" for problem in problems), end="")
+    verdict = f"{len(problems)} problem(s)" if problems else "all checks passed"
+    print(f"check_ops: {verdict}")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -491,18 +491,12 @@ def main():
     ap.add_argument("--max-lag-ms", type=int, default=1000, help="KV_INDEXER_MAX_LAG_MS of the replicas")
     ap.add_argument("--requests", type=int, default=60, help="requests through the router in `route`")
     ap.add_argument("--down-s", type=float, default=2.0, help="how long the killed replica stays down")
-    ap.add_argument("--docs", type=int, default=8)
-    ap.add_argument("--doc-tokens", type=int, default=512)
-    ap.add_argument("--suffix-tokens", type=int, default=64)
-    ap.add_argument("--stable-s", type=float, default=4.0)
-    ap.add_argument("--deadline-s", type=float, default=60.0)
-    ap.add_argument("--poll-s", type=float, default=0.3)
-    ap.add_argument("--seed", type=int, default=23)
+    for flag, kind, default in [("--docs", int, 8), ("--doc-tokens", int, 512), ("--suffix-tokens", int, 64),
+                                ("--stable-s", float, 4.0), ("--deadline-s", float, 60.0),
+                                ("--poll-s", float, 0.3), ("--seed", int, 23)]:
+        ap.add_argument(flag, type=kind, default=default)
     args = ap.parse_args()
-    cases = [c for c in args.only.split(",") if c]
-    for c in cases:
-        if c not in CASES:
-            ap.error(f"unknown case {c!r}")
+    cases = ft.selected(ap, args.only, CASES)
     ensure_images(args)
 
     project = Project(f"kvtest{os.getpid()}{int(time.time()) % 100000}", args)

@@ -135,6 +135,15 @@ def add_fleet_args(ap, **defaults):
     ap.add_argument("--no-build", action="store_true")
 
 
+def selected(ap, only, known, what="case"):
+    """The comma-separated names of `only`, each one of `known` (else `ap` exits naming it)."""
+    names = [name for name in only.split(",") if name]
+    for name in names:
+        if name not in known:
+            ap.error(f"unknown {what} {name!r}")
+    return names
+
+
 def build(args, *packages):
     """Builds the release binaries of `packages` with cargo, unless --no-build."""
     if not args.no_build:
@@ -527,10 +536,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the selected faults this many times (each run a fresh fleet and seed)")
     args = ap.parse_args()
-    faults = [f for f in args.only.split(",") if f]
-    for f in faults:
-        if f not in FAULTS:
-            ap.error(f"unknown fault {f!r}")
+    faults = selected(ap, args.only, FAULTS, "fault")
 
     build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools")
     logs_root = tempfile.mkdtemp(prefix="kv-fault-tests-")

@@ -415,10 +415,7 @@ def main():
     ap.add_argument("--before", type=int, default=40)
     ap.add_argument("--after", type=int, default=0)
     args = ap.parse_args()
-    cases = [c for c in args.only.split(",") if c]
-    for c in cases:
-        if c not in CASES:
-            ap.error(f"unknown case {c!r}")
+    cases = ft.selected(ap, args.only, CASES)
     if not shutil.which("redis-server"):
         ap.error("redis-server is not installed: run scripts/install_redis.sh")
     ft.build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools", "kv-indexer-router")

@@ -20,11 +20,13 @@ pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 pub use crate::buckets::{SECONDS_1MS_TO_60S, SECONDS_10US_TO_1S};
 
-/// Logs to stderr with `RUST_LOG` as the filter (default `info`).
+/// Logs to stderr with `RUST_LOG` as the filter (default `info`), coloured on a terminal only.
 pub fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: `docker logs` and log shippers get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

@@ -21,7 +21,7 @@ use kv_indexer_client::{IndexerClient, PrefixMatch, PrefixOutcome};
 use parking_lot::{Mutex, RwLock};
 use rand::Rng;
 use rand::seq::IndexedRandom;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::observe::IndexerMetrics;
 use crate::oracle;
@@ -316,7 +316,8 @@ impl CacheAware {
                 if let Some(total) = self.logs.no_usable_match.record()
                     && exact.miss == Reason::NoUsableMatch
                 {
-                    warn!(total, "no usable cache match; routing by load");
+                    // A new prompt has no match: ordinary, not a warning.
+                    info!(total, "no usable cache match; routing by load");
                 }
                 (backup, exact.miss)
             }
