@@ -48,6 +48,9 @@ USER kv-indexer:kv-indexer
 # Give `docker stop` more than the drain: `docker stop -t 30`, compose stop_grace_period.
 STOPSIGNAL SIGTERM
 
+# The server's check. A container running another binary of this image (bridge, router,
+# simulated worker) has no server to ask: give it its own check, or `docker run
+# --no-healthcheck` (deploy/compose/ sets one per role).
 # grpc.health.v1 on the server's own port: SERVING once the state is loaded and, for a
 # replica of a fleet, while it is within KV_INDEXER_MAX_LAG_MS of the shared log. (Plaintext:
 # with TLS on the listener, give the check's variables, KV_INDEXER_TLS_CA and the like.)

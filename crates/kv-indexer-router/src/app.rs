@@ -177,7 +177,13 @@ fn chat_tokens(state: &AppState, request: &Value) -> Result<Vec<u64>, AppError> 
 /// goes by load).
 async fn health(State(state): State<Arc<AppState>>) -> Result<axum::Json<Value>, AppError> {
     let workers = state.workers.list.len();
-    let routable = state.workers.routable().len();
+    // Only workers a check has found healthy: at start they are assumed so, to route at once.
+    let routable = state
+        .workers
+        .list
+        .iter()
+        .filter(|w| w.is_known_routable())
+        .count();
     if routable == 0 {
         return Err(AppError::NoHealthyWorker { workers });
     }

@@ -23,6 +23,8 @@ pub struct Worker {
     /// `kv_router_worker_healthy{worker}`.
     healthy_gauge: Gauge,
     healthy: AtomicBool,
+    /// A health check has answered (either way): until then "healthy" is only assumed.
+    checked: AtomicBool,
     /// Refused because its block size or hashing differs from the first worker's.
     refused: AtomicBool,
     active: AtomicUsize,
@@ -44,6 +46,7 @@ impl Worker {
             healthy_gauge,
             label,
             healthy: AtomicBool::new(true),
+            checked: AtomicBool::new(false),
             refused: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             pressure: AtomicUsize::new(0),
@@ -53,6 +56,11 @@ impl Worker {
 
     pub fn is_routable(&self) -> bool {
         self.healthy.load(Ordering::Relaxed) && !self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Routable, and a health check has said so (not only assumed at start).
+    pub fn is_known_routable(&self) -> bool {
+        self.checked.load(Ordering::Relaxed) && self.is_routable()
     }
 
     pub fn active(&self) -> usize {
@@ -163,6 +171,7 @@ impl Workers {
                 Ok(response) if response.status().is_success()
             );
             let was = worker.healthy.swap(healthy, Ordering::Relaxed);
+            worker.checked.store(true, Ordering::Relaxed);
             if was != healthy {
                 if healthy {
                     info!(url = %worker.url, "worker is healthy");

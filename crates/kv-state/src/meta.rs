@@ -2,7 +2,7 @@
 //! rules: which workers a sweep expires, and the fresh TTL a restart gives.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::ChangeError;
 
@@ -108,20 +108,31 @@ pub fn admit(
     Ok(gate)
 }
 
-/// How many TTLs every live worker may stay silent before the mass-expiry guard gives way:
-/// long enough to ride out a partition or a paused host, short enough that a lone worker that
-/// died (a fleet of one, or the last one left) is not claimed forever.
-pub const MASS_EXPIRY_BOUND_TTLS: u64 = 10;
+/// For how many TTLs the mass-expiry guard refuses, without a break, before it gives way: long
+/// enough to ride out a partition, short enough that a lone worker that died (a fleet of one,
+/// or the last one left) is not claimed forever. Timed on a monotonic clock from the first
+/// refusal, so a paused host or a clock jump that makes every worker look silent at once is
+/// refused as before: the bridges' next heartbeats end the episode.
+pub const MASS_EXPIRY_BOUND_TTLS: u32 = 10;
 
-/// The live workers of `meta` whose TTL ran out at `now_ms`, each with the last-seen time it
-/// had, by name; none when that would be every live worker (a partition, a paused host, a
-/// clock jump?), which is counted in `trips` and logged instead, until every one of them has
-/// been silent for [`MASS_EXPIRY_BOUND_TTLS`] TTLs.
+/// The mass-expiry guard's memory: the refusals of the current episode (every sweep since the
+/// first that would have expired every live worker).
+#[derive(Debug, Default)]
+pub struct ExpiryGuard {
+    refusing_since: Option<Instant>,
+    refusals: u64,
+}
+
+/// The live workers of `meta` whose TTL ran out at `now_ms` (wall clock, as `last_seen_ms`),
+/// each with the last-seen time it had, by name; none when that would be every live worker (a
+/// partition, a paused host, a clock jump?), which is counted and logged instead, until the
+/// guard has refused for [`MASS_EXPIRY_BOUND_TTLS`] TTLs by the monotonic clock (`now`).
 pub fn due_for_expiry(
     meta: &Meta,
     ttl: Duration,
     now_ms: u64,
-    trips: &mut u64,
+    now: Instant,
+    guard: &mut ExpiryGuard,
 ) -> Vec<(String, u64)> {
     let ttl_ms = ttl.as_millis() as u64;
     let live = meta.values().filter(|meta| !meta.expired).count();
@@ -130,31 +141,33 @@ pub fn due_for_expiry(
         .filter(|(_, meta)| !meta.expired && now_ms.saturating_sub(meta.last_seen_ms) > ttl_ms)
         .map(|(id, meta)| (id.clone(), meta.last_seen_ms))
         .collect();
-    if expired.is_empty() {
-        return expired;
-    }
-    let long_gone = |last_seen_ms: u64| {
-        now_ms.saturating_sub(last_seen_ms) > ttl_ms.saturating_mul(MASS_EXPIRY_BOUND_TTLS)
-    };
-    if expired.len() == live && expired.iter().all(|(_, seen)| long_gone(*seen)) {
+    if expired.len() < live || live == 0 {
+        *guard = ExpiryGuard::default();
+    } else {
+        let since = *guard.refusing_since.get_or_insert(now);
+        if now.saturating_duration_since(since) < ttl * MASS_EXPIRY_BOUND_TTLS {
+            guard.refusals += 1;
+            crate::observe::mass_expiry_refused();
+            // Logged at the 1st, 2nd, 4th, … refusal of the episode: a sweep runs every few seconds.
+            if guard.refusals.is_power_of_two() {
+                tracing::warn!(
+                    workers = live,
+                    ttl_s = ttl.as_secs_f64(),
+                    refusals = guard.refusals,
+                    "every live worker's TTL ran out in one sweep (a partition, a paused host, a clock jump?): expiring none unless this lasts {MASS_EXPIRY_BOUND_TTLS} TTLs"
+                );
+            }
+            return Vec::new();
+        }
         tracing::warn!(
             workers = live,
-            bound_s = ttl.as_secs_f64() * MASS_EXPIRY_BOUND_TTLS as f64,
-            "every live worker has been silent for over {MASS_EXPIRY_BOUND_TTLS} TTLs: expiring them anyway (a lone dead worker, or a partition too long for its cache signal to be trusted)"
+            refused_for_s = now.saturating_duration_since(since).as_secs_f64(),
+            "every live worker has stayed silent for {MASS_EXPIRY_BOUND_TTLS} TTLs of refusals: expiring them after all (a lone dead worker, or a partition too long for its cache signal to be trusted)"
         );
-    } else if expired.len() == live {
-        *trips += 1;
-        crate::observe::mass_expiry_refused();
-        // Logged at the 1st, 2nd, 4th, … trip: a sweep runs every few seconds.
-        if trips.is_power_of_two() {
-            tracing::warn!(
-                workers = live,
-                ttl_s = ttl.as_secs_f64(),
-                trips = *trips,
-                "every live worker's TTL ran out in one sweep (a partition, a paused host, a clock jump?): expiring none until they have been silent for {MASS_EXPIRY_BOUND_TTLS} TTLs"
-            );
-        }
-        return Vec::new();
+        *guard = ExpiryGuard::default();
+    }
+    if expired.is_empty() {
+        return expired;
     }
     expired.sort();
     let names: Vec<&str> = expired.iter().map(|(id, _)| id.as_str()).collect();
@@ -207,27 +220,37 @@ mod tests {
     }
 
     #[test]
-    fn expiry_spares_every_live_worker_at_once_until_the_bound_then_expires_them() {
+    fn expiry_spares_every_live_worker_at_once_until_the_guard_has_refused_for_the_bound() {
         let ttl = Duration::from_secs(30);
-        let mut trips = 0;
+        let start = Instant::now();
+        let mut guard = ExpiryGuard::default();
         // One silent among two live: expired.
         let meta = seen_at(&[("dead", 0), ("alive", 100_000)]);
-        let due = due_for_expiry(&meta, ttl, 100_000, &mut trips);
+        let due = due_for_expiry(&meta, ttl, 100_000, start, &mut guard);
         assert_eq!(due, [("dead".to_string(), 0)]);
         assert_eq!(live_workers(&meta), 2);
-        // Every live worker silent past its TTL: refused, counted.
-        let meta = seen_at(&[("a", 0), ("b", 10_000)]);
-        assert!(due_for_expiry(&meta, ttl, 100_000, &mut trips).is_empty());
-        assert_eq!(trips, 1);
-        // A lone worker silent for just under the bound: still refused.
+        // A lone worker silent for far longer than the bound by the wall clock (a paused
+        // host, a clock jump): refused, and the episode starts now.
         let meta = seen_at(&[("lone", 0)]);
-        let bound_ms = 30_000 * MASS_EXPIRY_BOUND_TTLS;
-        assert!(due_for_expiry(&meta, ttl, bound_ms, &mut trips).is_empty());
-        assert_eq!(trips, 2);
-        // Past the bound: expired after all, not counted as refused.
-        let due = due_for_expiry(&meta, ttl, bound_ms + 1, &mut trips);
+        let wall = 3_600_000;
+        assert!(due_for_expiry(&meta, ttl, wall, start, &mut guard).is_empty());
+        assert_eq!(guard.refusals, 1);
+        // Still refused until the guard has refused for 10 TTLs by the monotonic clock.
+        let bound = ttl * MASS_EXPIRY_BOUND_TTLS;
+        let just_before = start + bound - Duration::from_millis(1);
+        assert!(due_for_expiry(&meta, ttl, wall, just_before, &mut guard).is_empty());
+        assert_eq!(guard.refusals, 2);
+        let due = due_for_expiry(&meta, ttl, wall, start + bound, &mut guard);
         assert_eq!(due, [("lone".to_string(), 0)]);
-        assert_eq!(trips, 2);
+        assert_eq!(guard.refusals, 0, "the episode ends");
+        // A worker heard from ends an episode: the next refusal starts a new one.
+        let mut guard = ExpiryGuard::default();
+        let two = seen_at(&[("a", 0), ("b", 0)]);
+        assert!(due_for_expiry(&two, ttl, wall, start, &mut guard).is_empty());
+        let back = seen_at(&[("a", 0), ("b", wall)]);
+        due_for_expiry(&back, ttl, wall, start + bound, &mut guard);
+        assert!(due_for_expiry(&two, ttl, wall, start + bound, &mut guard).is_empty());
+        assert_eq!(guard.refusals, 1);
         // Expired workers are not live.
         let mut meta = seen_at(&[("a", 0), ("b", 0)]);
         meta.get_mut("a").unwrap().expired = true;

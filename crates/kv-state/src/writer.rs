@@ -28,7 +28,7 @@ use crate::clock::now_ms;
 use crate::durable::{Durable, build_snapshot, write_snapshot};
 use crate::error::{ChangeError, StateError};
 use crate::log::EventLog;
-use crate::meta::{Gate, Meta, admit, due_for_expiry};
+use crate::meta::{ExpiryGuard, Gate, Meta, admit, due_for_expiry};
 use crate::record::{Change, Record};
 
 /// Jobs queued for the writer before senders wait.
@@ -89,7 +89,7 @@ impl Writer {
             durable,
             worker_ttl,
             failed: None,
-            guard_trips: 0,
+            expiry_guard: ExpiryGuard::default(),
         };
         std::thread::Builder::new()
             .name("kv-indexer-writer".into())
@@ -222,7 +222,7 @@ struct Thread {
     worker_ttl: Option<Duration>,
     /// Set when the log could not be written: later changes are refused.
     failed: Option<Arc<StateError>>,
-    guard_trips: u64,
+    expiry_guard: ExpiryGuard,
 }
 
 impl Thread {
@@ -368,7 +368,10 @@ impl Thread {
             Accepted::Other { record, reply } => {
                 let result = apply_record(&mut index, &mut self.meta, &record);
                 drop(abort);
+                // An expiry changes the sizes too, with no apply after it for a dead worker.
+                let stats = index.stats();
                 drop(index);
+                crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
                 if let Some(reply) = reply {
                     let _ = reply.send(result.map(|applied| match applied {
                         Applied::CountHits(matches) => matches,
@@ -385,10 +388,11 @@ impl Thread {
             return;
         };
         let now = now_ms();
-        let expired: Vec<String> = due_for_expiry(&self.meta, ttl, now, &mut self.guard_trips)
-            .into_iter()
-            .map(|(worker, _)| worker)
-            .collect();
+        let expired: Vec<String> =
+            due_for_expiry(&self.meta, ttl, now, Instant::now(), &mut self.expiry_guard)
+                .into_iter()
+                .map(|(worker, _)| worker)
+                .collect();
         if expired.is_empty() {
             return;
         }

@@ -20,7 +20,7 @@ use crate::cell::{AbortOnPanic, IndexCell};
 use crate::clock::now_ms;
 use crate::dir::StateDir;
 use crate::error::{ChangeError, StateError};
-use crate::meta::Meta;
+use crate::meta::{ExpiryGuard, Meta};
 use crate::record::Record;
 use crate::stream::{Entry, READ_BLOCK, Stream, StreamConfig, StreamError};
 
@@ -63,7 +63,7 @@ pub(super) struct Applier {
     pub(super) last_upkeep: Option<Instant>,
     pub(super) last_sweep: Instant,
     pub(super) lease: bool,
-    pub(super) guard_trips: u64,
+    pub(super) expiry_guard: ExpiryGuard,
     /// Entries that did not decode or apply (every replica skips the same ones).
     pub(super) skipped: u64,
     /// What it knew when it last found the log rolled back, until its workers are cleared.

@@ -87,7 +87,7 @@ impl Applier {
         }
         self.last_sweep = Instant::now();
         let now = now_ms();
-        let expired = due_for_expiry(&self.meta, ttl, now, &mut self.guard_trips);
+        let expired = due_for_expiry(&self.meta, ttl, now, Instant::now(), &mut self.expiry_guard);
         if expired.is_empty() {
             return Ok(());
         }

@@ -105,7 +105,7 @@ pub fn start(
         last_upkeep: None,
         last_sweep: Instant::now(),
         lease: false,
-        guard_trips: 0,
+        expiry_guard: Default::default(),
         skipped: 0,
         rollback: None,
         stop: stop.clone(),
