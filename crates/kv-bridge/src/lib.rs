@@ -261,7 +261,9 @@ impl Stream {
         match replay::fetch(&endpoint, from, self.config.replay_timeout).await {
             Ok(batches) => {
                 let first = batches.first().map(|(seq, _)| *seq);
-                let outcome = Replayed::of(from, first, on_loss.is_none());
+                // An empty buffer loses nothing only for a replay of everything (at start); after
+                // a restart seen at seq `until` > 0, batches before it were published and lost.
+                let outcome = Replayed::of(from, first, until == u64::MAX);
                 self.stats.replay(outcome);
                 match (outcome, on_loss) {
                     (Replayed::Ok, _) => {
