@@ -9,7 +9,10 @@
 //!    remaining budget), so the server can shed work nobody waits for;
 //! 3. tries the replicas in order while the answer is unreachable / timeout / overloaded and
 //!    budget remains; any other answer is final. When every replica fails, the last failure is
-//!    the outcome.
+//!    the outcome. A replica that was unreachable or timed out is tried after the others for a
+//!    while (1 s, doubling to 30 s while it keeps failing; an answer ends it): a peer that
+//!    stops answering without refusing (a killed container) would otherwise spend every
+//!    query's budget before the next replica is tried.
 //!
 //! Channels are lazy: nothing is dialed at construction, and a replica that is down costs a
 //! failed connect per query until it is back (tonic reconnects on the next call).
@@ -90,6 +93,41 @@ struct Replica {
     endpoint: Endpoint,
     client: Grpc,
     health: HealthClient,
+    ejection: Ejection,
+}
+
+/// How long a failed replica is tried last: from [`FIRST_EJECTION`], doubling to
+/// [`MAX_EJECTION`] while it fails again each time it is tried.
+const FIRST_EJECTION: Duration = Duration::from_secs(1);
+const MAX_EJECTION: Duration = Duration::from_secs(30);
+
+/// A replica's ejection: until when it is tried after the others, and for how long the next
+/// failure ejects it.
+#[derive(Debug, Default)]
+struct Ejection(std::sync::Mutex<Option<(Instant, Duration)>>);
+
+impl Ejection {
+    fn is_active(&self, now: Instant) -> bool {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|e| *e)
+            .is_some_and(|(until, _)| now < until)
+    }
+
+    fn failed(&self, endpoint: &Endpoint) {
+        if let Ok(mut ejection) = self.0.lock() {
+            let period = ejection.map_or(FIRST_EJECTION, |(_, last)| (last * 2).min(MAX_EJECTION));
+            *ejection = Some((Instant::now() + period, period));
+            debug!(%endpoint, ?period, "indexer replica tried after the others for a while");
+        }
+    }
+
+    fn answered(&self) {
+        if let Ok(mut ejection) = self.0.lock() {
+            *ejection = None;
+        }
+    }
 }
 
 /// The router's client of the Indexer; cheap to share (`&self` everywhere), one lazily
@@ -131,6 +169,7 @@ impl IndexerClient {
                     endpoint,
                     client,
                     health,
+                    ejection: Ejection::default(),
                 })
             })
             .collect::<Result<Vec<_>, ClientError>>()?;
@@ -253,16 +292,18 @@ impl IndexerClient {
             )));
         };
         let deadline = Instant::now() + self.query_timeout;
-        match tokio::time::timeout_at(deadline, self.fail_over(deadline, message, rpc)).await {
-            // The timer has a millisecond's grain: an answer that beat it may still be late,
-            // and a late answer is a timeout, whatever the timer says.
-            Ok(_) if Instant::now() > deadline => Err(self.spent()),
-            Ok(answer) => answer,
-            Err(_) => Err(self.spent()),
+        // Each call is bounded by the deadline inside (so that the replica it spent is known).
+        let answer = self.fail_over(deadline, message, rpc).await;
+        // The timer has a millisecond's grain: an answer that beat it may still be late, and a
+        // late answer is a timeout, whatever the timer says.
+        if Instant::now() > deadline {
+            return Err(self.spent());
         }
+        answer
     }
 
-    /// Tries each replica in order while its failure is one the next replica may not share.
+    /// Tries each replica in order (those recently unreachable or slow last) while its failure
+    /// is one the next replica may not share.
     async fn fail_over<M, T, F, Fut>(
         &self,
         deadline: Instant,
@@ -274,31 +315,48 @@ impl IndexerClient {
         F: FnMut(Grpc, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
+        let now = Instant::now();
+        let (mut order, ejected): (Vec<&Replica>, Vec<&Replica>) = self
+            .replicas
+            .iter()
+            .partition(|replica| !replica.ejection.is_active(now));
+        order.extend(ejected);
         let mut last = None;
         let mut message = Some(message);
-        for (i, replica) in self.replicas.iter().enumerate() {
+        for (i, replica) in order.iter().enumerate() {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(self.spent());
             }
             // The last replica takes the message itself, any other a copy.
-            let body = if i + 1 == self.replicas.len() {
+            let body = if i + 1 == order.len() {
                 message.take()
             } else {
                 message.clone()
             };
             let mut request = Request::new(body.expect("a message for every replica"));
             request.set_timeout(remaining);
-            match rpc(replica.client.clone(), request)
-                .await
-                .map_err(transport_is_unavailable)
-            {
-                Ok(response) => return Ok(response.into_inner()),
+            let call = rpc(replica.client.clone(), request);
+            let Ok(answer) = tokio::time::timeout_at(deadline, call).await else {
+                replica.ejection.failed(&replica.endpoint);
+                return Err(self.spent());
+            };
+            match answer.map_err(transport_is_unavailable) {
+                Ok(response) => {
+                    replica.ejection.answered();
+                    return Ok(response.into_inner());
+                }
                 Err(status) if PrefixOutcome::from_status(&status).fails_over() => {
                     debug!(endpoint = %replica.endpoint, code = ?status.code(), message = status.message(), "indexer replica failed");
+                    if status.code() != tonic::Code::ResourceExhausted {
+                        replica.ejection.failed(&replica.endpoint);
+                    }
                     last = Some(status);
                 }
-                Err(status) => return Err(status),
+                Err(status) => {
+                    replica.ejection.answered();
+                    return Err(status);
+                }
             }
         }
         Err(last.unwrap_or_else(|| Status::unavailable("no replica")))

@@ -352,3 +352,32 @@ async fn refuses_a_config_it_cannot_run_with() {
         Err(ClientError::Endpoint(_))
     ));
 }
+
+/// A replica that accepts connections and never answers (a killed container's address, a
+/// partition): the first query spends its budget there, later ones go to the next replica
+/// while it is tried last, and it is tried first again once it answers.
+#[tokio::test]
+async fn a_replica_that_stops_answering_is_tried_after_the_others() {
+    let server = TestIndexer::start().await;
+    report(&server, "a", HBM, &[1, 2]).await;
+    // Bound and listening, never accepted: the kernel completes the TCP handshake, HTTP/2
+    // never starts.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_endpoint =
+        Endpoint::parse(&format!("http://{}", silent.local_addr().unwrap())).unwrap();
+    let client = client(vec![silent_endpoint, endpoint(&server)], |config| {
+        config.query_timeout = Duration::from_millis(300);
+    });
+    assert_eq!(
+        client.longest_prefix(&[1, 2, 3]).await,
+        PrefixOutcome::Timeout
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            client.longest_prefix(&[1, 2, 3]).await,
+            answer(vec![matched("a", 2)], 2, 3, 3),
+            "the silent replica is tried after the one that answers"
+        );
+    }
+    drop(silent);
+}
