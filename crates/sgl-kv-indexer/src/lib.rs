@@ -22,11 +22,37 @@ pub const LONG_VERSION: &str = concat!(
 /// about a flag also names the environment variable it reads, since that is how most
 /// deployments set it.
 pub fn parse_args<A: CommandFactory + FromArgMatches>() -> A {
-    let mut command = A::command().version(LONG_VERSION);
+    let empty = |name: &std::ffi::OsStr| std::env::var_os(name).is_some_and(|v| v.is_empty());
+    let mut command = ignore_empty_variables(A::command().version(LONG_VERSION), &empty);
     let parsed = command
         .try_get_matches_from_mut(std::env::args_os())
         .and_then(|matches| A::from_arg_matches(&matches));
     parsed.unwrap_or_else(|error| name_variables(error, &command).exit())
+}
+
+/// `command` with each variable `is_empty` says is set but empty (`KV_INDEXER_STATE_DIR=`, as
+/// a container or a compose file's `${VAR:-}` sets it) treated as unset: its default applies,
+/// where clap would refuse the empty value.
+pub fn ignore_empty_variables(
+    mut command: clap::Command,
+    is_empty: &dyn Fn(&std::ffi::OsStr) -> bool,
+) -> clap::Command {
+    let ids: Vec<clap::Id> = command
+        .get_arguments()
+        .filter(|arg| arg.get_env().is_some_and(is_empty))
+        .map(|arg| arg.get_id().clone())
+        .collect();
+    for id in ids {
+        command = command.mut_arg(id, |arg| arg.env(None));
+    }
+    let subcommands: Vec<String> = command
+        .get_subcommands()
+        .map(|sub| sub.get_name().to_string())
+        .collect();
+    for name in subcommands {
+        command = command.mut_subcommand(name, |sub| ignore_empty_variables(sub, is_empty));
+    }
+    command
 }
 
 /// `error` with the variable beside each flag it names:

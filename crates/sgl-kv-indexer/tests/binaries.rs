@@ -57,7 +57,9 @@ fn a_bad_state_directory_fails_before_listening() {
 }
 
 /// The server's `/metrics` right after start: every metric has its `# HELP`, the ones dashboards
-/// and alerts use are there before any event, durations are in seconds.
+/// and alerts use are there before any event, durations are in seconds. Its optional settings
+/// are set but empty, as a container or a compose file's `${VAR:-}` sets them: unset, not
+/// refused.
 #[test]
 fn metrics_have_help_and_exist_from_start() {
     let (grpc, admin) = (Port::reserve(), Port::reserve());
@@ -66,6 +68,9 @@ fn metrics_have_help_and_exist_from_start() {
     let mut server = server(&[
         ("KV_INDEXER_LISTEN_ADDR", &grpc_addr.to_string()),
         ("KV_INDEXER_METRICS_ADDR", &admin_addr.to_string()),
+        ("KV_INDEXER_STATE_DIR", ""),
+        ("KV_INDEXER_EVENT_LOG", ""),
+        ("KV_INDEXER_WRITE_TOKEN", ""),
     ])
     .stderr(Stdio::null())
     .spawn()
