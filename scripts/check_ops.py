@@ -502,6 +502,8 @@ def unseen_values(where, expr, exported):
             continue
         if op == "=~":
             hit = any(re.fullmatch(value, s) for s in seen)
+        elif op == "!=":
+            hit = any(s != value for s in seen)
         else:
             hit = value in seen
         if not hit:

@@ -20,7 +20,7 @@ pub const BATCH_SKIP_MSGPACK: &str = "msgpack";
 /// the counters without labels, each clear reason, replay outcome and skip reason, the queue's
 /// depth and its `capacity`.
 pub fn register(capacity: usize) {
-    for (name, help) in [
+    kv_common::series::counters_from_zero(&[
         (
             "kv_bridge_batches_received_total",
             "Event batches received from the publisher (live or replayed)",
@@ -41,10 +41,7 @@ pub fn register(capacity: usize) {
             "kv_bridge_publisher_connect_failures_total",
             "Failed attempts to reach the publisher (each retried)",
         ),
-    ] {
-        metrics::describe_counter!(name, Unit::Count, help);
-        metrics::counter!(name).increment(0);
-    }
+    ]);
     let labelled: [(&str, &str, &str, &[&'static str]); 4] = [
         (
             "kv_bridge_events_skipped_total",

@@ -6,10 +6,12 @@
 //! - [`telemetry`]: the log subscriber and the Prometheus recorder, with its upkeep and its
 //!   `/metrics` endpoint;
 //! - [`buckets`]: histogram buckets, so that every latency is bucketed alike;
+//! - [`series`]: metrics described and exported at 0 from start;
 //! - [`secret`]: secret settings that never print, bearer-token syntax and PEM files.
 
 pub mod buckets;
 pub mod secret;
+pub mod series;
 pub mod signal;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;

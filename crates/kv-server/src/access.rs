@@ -65,8 +65,9 @@ const SERVICE_PREFIX: &str = "/kv_indexer.v1.KVIndexer/";
 const WRITE_METHOD: &str = "ApplyExternalKvBatch";
 /// The path of `MatchExternalKvPrefix`, the one RPC under admission control.
 pub use kv_indexer_proto::prefix_wire::PREFIX_PATH;
-/// The service's methods, for the metric label of a rejected call.
-const METHODS: [&str; 4] = [
+/// The service's methods, for the metric label of a rejected call (and the series the server
+/// exports from start).
+pub(crate) const METHODS: [&str; 4] = [
     WRITE_METHOD,
     "MatchExternalKv",
     "MatchExternalKvPrefix",

@@ -10,14 +10,6 @@ pub const BUCKETS: &[(&str, &[f64])] = &[(
     kv_common::buckets::SECONDS_10US_TO_1S,
 )];
 
-/// The gRPC methods, as `rpc` labels.
-const RPCS: &[&str] = &[
-    "ApplyExternalKvBatch",
-    "MatchExternalKv",
-    "MatchExternalKvPrefix",
-    "GetExternalKvHitCounts",
-];
-
 /// Describes every metric of the server and of its state and exports each at 0 (the answers
 /// per method with code `Ok`), so that dashboards and alerts see the series from start.
 pub fn register() {
@@ -31,7 +23,7 @@ pub fn register() {
         metrics::Unit::Seconds,
         "Time from a call's request head to its answer, by method and status code"
     );
-    for &rpc in RPCS {
+    for rpc in crate::access::METHODS {
         metrics::counter!("kv_indexer_requests_total", "rpc" => rpc, "code" => "Ok").absolute(0);
     }
     metrics::describe_counter!(
@@ -41,7 +33,7 @@ pub fn register() {
     for class in ["admission", "deadline"] {
         metrics::counter!("kv_indexer_rejections_total", "class" => class).absolute(0);
     }
-    let plain_counters = [
+    kv_common::series::counters_from_zero(&[
         (
             "kv_indexer_connections_refused_total",
             "Connections closed at once because the listener served its bound of connections",
@@ -50,21 +42,17 @@ pub fn register() {
             "kv_indexer_tls_handshake_failures_total",
             "Connections that did not complete their TLS handshake",
         ),
-    ];
-    for (name, help) in plain_counters {
-        metrics::describe_counter!(name, help);
-        metrics::counter!(name).absolute(0);
-    }
-    metrics::describe_gauge!(
-        "kv_indexer_prefix_queries_inflight",
-        "Prefix queries admitted and not yet answered"
-    );
-    metrics::gauge!("kv_indexer_prefix_queries_inflight").set(0.0);
-    metrics::describe_gauge!(
-        "kv_indexer_serving",
-        "1 while the server answers SERVING to health checks; 0 while it recovers its state or, as a replica, lags its shared log"
-    );
-    metrics::gauge!("kv_indexer_serving").set(0.0);
+    ]);
+    kv_common::series::gauges_from_zero(&[
+        (
+            "kv_indexer_prefix_queries_inflight",
+            "Prefix queries admitted and not yet answered",
+        ),
+        (
+            "kv_indexer_serving",
+            "1 while the server answers SERVING to health checks; 0 while it recovers its state or, as a replica, lags its shared log",
+        ),
+    ]);
 }
 
 /// A prefix query admitted (`1`) or answered (`-1`).

@@ -80,14 +80,8 @@ const GAUGES: &[(&str, &str)] = &[
 /// Describes every metric of the state and exports each at 0, so that a dashboard or an alert
 /// sees the series from start, not only after the first event.
 pub fn register() {
-    for &(name, help) in COUNTERS {
-        metrics::describe_counter!(name, help);
-        metrics::counter!(name).absolute(0);
-    }
-    for &(name, help) in GAUGES {
-        metrics::describe_gauge!(name, help);
-        metrics::gauge!(name).set(0.0);
-    }
+    kv_common::series::counters_from_zero(COUNTERS);
+    kv_common::series::gauges_from_zero(GAUGES);
 }
 
 /// A liveness sweep that would have expired every live worker, refused.
@@ -143,8 +137,8 @@ pub fn fleet_entry_skipped() {
     metrics::counter!("kv_indexer_fleet_entries_skipped_total").increment(1);
 }
 
-/// A replica's lag behind the shared log, in time: set by whoever watches its freshness,
-/// also while the engine is unreachable (when no read sets the entries).
+/// A replica's lag behind the shared log, in time: set by whoever watches its freshness (the
+/// server's health watch), so that it rises while the engine is unreachable too.
 pub fn fleet_lag(lag_ms: u64) {
     metrics::gauge!("kv_indexer_fleet_lag_seconds").set(lag_ms as f64 / 1000.0);
 }

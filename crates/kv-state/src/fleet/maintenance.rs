@@ -42,7 +42,7 @@ impl Applier {
         self.freshness
             .behind
             .store(tail - self.next, Ordering::Relaxed);
-        crate::observe::fleet_lag(self.freshness.lag_ms());
+        // The lag in time is the server's to export (its health watch, every 100 ms).
         crate::observe::fleet_lag_entries(tail - self.next);
         // Only a replica that serves holds the lease: one still catching up would stall the
         // fleet's expiry, snapshots and trimming.
