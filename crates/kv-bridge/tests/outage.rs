@@ -97,6 +97,13 @@ impl KvIndexer for Flaky {
     ) -> Result<Response<pb::GetExternalKvHitCountsResponse>, Status> {
         Err(Status::unimplemented("a bridge never asks"))
     }
+
+    async fn predict_external_kv(
+        &self,
+        _: Request<pb::PredictExternalKvRequest>,
+    ) -> Result<Response<pb::PredictExternalKvResponse>, Status> {
+        Err(Status::unimplemented("a bridge never predicts"))
+    }
 }
 
 /// A socket on a loopback port that refuses connections until a listener opens beside it

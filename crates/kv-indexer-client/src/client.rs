@@ -28,7 +28,7 @@ use tonic::{Request, Response, Status};
 use tracing::debug;
 
 use crate::endpoint::{Endpoint, EndpointError};
-use crate::outcome::{self, HitCount, NodeMatch, PrefixOutcome, QueryError};
+use crate::outcome::{self, HitCount, NodeMatch, PrefixMatch, PrefixOutcome, QueryError};
 use crate::security::{Authorize, ClientSecurity, Grpc, SecurityError};
 
 /// The standard health service's client, with the token on every call.
@@ -227,21 +227,71 @@ impl IndexerClient {
     /// [`IndexerClient::longest_prefix`], with a failed query's status (its code and the
     /// server's reason, such as a replica still recovering its state) instead of its outcome.
     pub async fn longest_prefix_or_status(&self, hashes: &[i64]) -> Result<PrefixOutcome, Status> {
+        self.prefix_query(hashes, false)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`IndexerClient::longest_prefix`] with the server's predictions (our extension): the
+    /// outcome of the confirmed placements, and apart from it the workers whose predicted
+    /// prefix is longer than their confirmed one, with that predicted length (longest first).
+    /// A server that does not know the extension answers no predictions.
+    pub async fn longest_prefix_with_predictions(
+        &self,
+        hashes: &[i64],
+    ) -> (PrefixOutcome, Vec<PrefixMatch>) {
+        self.prefix_query(hashes, true)
+            .await
+            .unwrap_or_else(|status| (PrefixOutcome::from_status(&status), Vec::new()))
+    }
+
+    async fn prefix_query(
+        &self,
+        hashes: &[i64],
+        include_predictions: bool,
+    ) -> Result<(PrefixOutcome, Vec<PrefixMatch>), Status> {
         if hashes.is_empty() {
-            return Ok(PrefixOutcome::NoMatch);
+            return Ok((PrefixOutcome::NoMatch, Vec::new()));
         }
         let sent = &hashes[..hashes.len().min(MAX_PREFIX_HASHES)];
         let message = pb::MatchExternalKvPrefixRequest {
             hashes: sent.to_vec(),
             max_blocks: 0,
             max_matches: None,
+            include_predictions: include_predictions.then_some(true),
         };
-        let answer = self
+        let mut response = self
             .query(message, |mut client, request| async move {
                 client.match_external_kv_prefix(request).await
             })
-            .await;
-        answer.map(|response| PrefixOutcome::from_response(response, hashes.len(), sent.len()))
+            .await?;
+        let predicted =
+            outcome::prefix_matches(std::mem::take(&mut response.predicted), sent.len());
+        let outcome = PrefixOutcome::from_response(response, hashes.len(), sent.len());
+        Ok((outcome, predicted))
+    }
+
+    /// Tells the server that `worker_address` will soon hold the prompt's block `hashes` (our
+    /// extension, `PredictExternalKv`): every router's prefix answers name it as a prediction
+    /// for `ttl` (at most the server's maximum) or until the worker's own events arrive.
+    /// Returns the hashes recorded. At most [`MAX_PREFIX_HASHES`] leading hashes are sent.
+    pub async fn predict(
+        &self,
+        worker_address: &str,
+        hashes: &[i64],
+        ttl: Duration,
+    ) -> Result<u32, QueryError> {
+        let message = pb::PredictExternalKvRequest {
+            worker_address: worker_address.to_string(),
+            hashes: hashes[..hashes.len().min(MAX_PREFIX_HASHES)].to_vec(),
+            ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX).max(1),
+        };
+        let response = self
+            .query(message, |mut client, request| async move {
+                client.predict_external_kv(request).await
+            })
+            .await?;
+        Ok(response.recorded)
     }
 
     /// Every worker's placements of `hashes` (`MatchExternalKv`); `count_as_hit` adds one to

@@ -83,15 +83,7 @@ impl PrefixOutcome {
         // The server cannot match more blocks than it was given; a claim beyond that would
         // overstate the cache, so it is capped.
         let cap = u32::try_from(sent).unwrap_or(u32::MAX);
-        let matches: Vec<PrefixMatch> = response
-            .matches
-            .into_iter()
-            .map(|m| PrefixMatch {
-                worker_address: m.worker_address,
-                worker_id: m.worker_id,
-                matched_prefix_blocks: m.matched_prefix_blocks.min(cap),
-            })
-            .collect();
+        let matches = prefix_matches(response.matches, sent);
         if matches.is_empty() {
             return PrefixOutcome::NoMatch;
         }
@@ -102,6 +94,22 @@ impl PrefixOutcome {
             blocks_read: response.blocks_read,
         }
     }
+}
+
+/// The wire's matches, each capped at the `sent` blocks (a server cannot match more).
+pub(crate) fn prefix_matches(
+    matches: Vec<pb::ExternalKvPrefixMatch>,
+    sent: usize,
+) -> Vec<PrefixMatch> {
+    let cap = u32::try_from(sent).unwrap_or(u32::MAX);
+    matches
+        .into_iter()
+        .map(|m| PrefixMatch {
+            worker_address: m.worker_address,
+            worker_id: m.worker_id,
+            matched_prefix_blocks: m.matched_prefix_blocks.min(cap),
+        })
+        .collect()
 }
 
 /// One worker holding a prefix of the prompt.
@@ -285,6 +293,7 @@ mod tests {
             matches: vec![],
             best_prefix_blocks: 0,
             blocks_read: 1,
+            predicted: vec![],
         };
         assert_eq!(
             PrefixOutcome::from_response(response, 10, 10),
@@ -302,6 +311,7 @@ mod tests {
             }],
             best_prefix_blocks: 9,
             blocks_read: 9,
+            predicted: vec![],
         };
         let PrefixOutcome::Matched {
             matches,

@@ -110,6 +110,7 @@ pub fn prefix_response(answer: PrefixAnswer) -> pb::MatchExternalKvPrefixRespons
             .collect(),
         best_prefix_blocks: answer.best_prefix_blocks,
         blocks_read: answer.blocks_read,
+        predicted: Vec::new(),
     }
 }
 

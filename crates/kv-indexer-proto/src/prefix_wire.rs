@@ -57,6 +57,13 @@ impl prost::Message for DecodedPrefixRequest {
                 ctx,
             )
             .map_err(at("max_matches")),
+            101 => prost::encoding::bool::merge(
+                wire_type,
+                request.include_predictions.get_or_insert_default(),
+                buf,
+                ctx,
+            )
+            .map_err(at("include_predictions")),
             _ => skip_field(wire_type, tag, buf, ctx),
         }
     }
@@ -130,6 +137,15 @@ pub struct EncodedPrefixResponse(Vec<u8>);
 impl EncodedPrefixResponse {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
+    }
+
+    /// Appends the `predicted` list (field 100, after every upstream field, as prost orders
+    /// it).
+    pub fn with_predicted(mut self, predicted: &[pb::ExternalKvPrefixMatch]) -> Self {
+        for m in predicted {
+            prost::encoding::message::encode(100, m, &mut self.0);
+        }
+        self
     }
 }
 
@@ -319,6 +335,7 @@ mod tests {
                 .collect(),
             best_prefix_blocks: best,
             blocks_read: read,
+            predicted: Vec::new(),
         }
     }
 
@@ -365,6 +382,30 @@ mod tests {
             let decoded = pb::MatchExternalKvPrefixResponse::decode(encoded.as_bytes()).unwrap();
             assert_eq!(decoded, expected);
         }
+    }
+
+    #[test]
+    fn predictions_are_appended_as_prost_writes_them() {
+        let matches = [("http://a:1", 3, "a")];
+        let mut expected = generic(&matches, 3, 5);
+        expected.predicted = vec![
+            pb::ExternalKvPrefixMatch {
+                worker_address: "http://b:2".into(),
+                matched_prefix_blocks: 9,
+                worker_id: String::new(),
+            },
+            pb::ExternalKvPrefixMatch {
+                worker_address: "http://a:1".into(),
+                matched_prefix_blocks: 4,
+                worker_id: "a".into(),
+            },
+        ];
+        let encoded = hand(&matches, 3, 5).with_predicted(&expected.predicted);
+        assert_eq!(encoded.as_bytes(), expected.encode_to_vec());
+        assert_eq!(
+            hand(&matches, 3, 5).with_predicted(&[]),
+            hand(&matches, 3, 5)
+        );
     }
 
     #[test]
@@ -430,6 +471,7 @@ mod tests {
             hashes,
             max_blocks,
             max_matches,
+            include_predictions: None,
         }
     }
 
@@ -452,6 +494,14 @@ mod tests {
             request(vec![1], 0, None),
             request(vec![-1, i64::MIN, i64::MAX, 0], 7, Some(3)),
             request(many, u32::MAX, Some(0)),
+            pb::MatchExternalKvPrefixRequest {
+                include_predictions: Some(true),
+                ..request(vec![4, 5], 0, None)
+            },
+            pb::MatchExternalKvPrefixRequest {
+                include_predictions: Some(false),
+                ..request(vec![4], 0, Some(1))
+            },
         ];
         for expected in cases {
             let bytes = expected.encode_to_vec();

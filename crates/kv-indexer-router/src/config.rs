@@ -122,6 +122,10 @@ pub struct Args {
     /// Seconds between worker health checks.
     #[arg(long, env = "KV_ROUTER_HEALTH_INTERVAL_SECS", default_value_t = 2)]
     pub health_interval_secs: u64,
+    /// Milliseconds between polls of every worker's `GET /get_load`, so that routing by load
+    /// sees what other routers sent too (0: count only what this router sent).
+    #[arg(long, env = "KV_ROUTER_WORKER_LOAD_INTERVAL_MS", default_value_t = 100)]
+    pub worker_load_interval_ms: u64,
     /// TLS and the read token for the Indexer.
     #[command(flatten)]
     pub indexer_security: ClientSecurity,
@@ -143,6 +147,8 @@ pub struct RouterConfig {
     pub model_id: String,
     pub radix_max_tokens: usize,
     pub health_interval: Duration,
+    /// `None`: the workers' load reports are not polled.
+    pub worker_load_interval: Option<Duration>,
     pub indexer_security: ClientSecurity,
 }
 
@@ -213,6 +219,8 @@ impl RouterConfig {
             model_id: args.model_id.clone(),
             radix_max_tokens: args.radix_max_tokens,
             health_interval: Duration::from_secs(args.health_interval_secs.max(1)),
+            worker_load_interval: (args.worker_load_interval_ms > 0)
+                .then(|| Duration::from_millis(args.worker_load_interval_ms)),
             indexer_security: args.indexer_security.clone(),
         })
     }

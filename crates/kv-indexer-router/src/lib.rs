@@ -2,7 +2,8 @@
 //! as its cache signal, with a local approximate radix tree when no Indexer is configured.
 //!
 //! - [`config`]: flags and variables (the SGLang router's quickstart flags);
-//! - [`workers`]: registry, health checks, active requests;
+//! - [`workers`]: registry, health checks, load (this router's own count, and the workers'
+//!   `/get_load` reports so that several routers balance on the fleet's load);
 //! - [`policy`]: choosing a worker (cache-aware on the Indexer, the radix tree or the
 //!   workers' own views, round robin, random, power of two), with every Indexer failure
 //!   falling back to load;
@@ -158,6 +159,15 @@ pub async fn run(
             tokio::select! {
                 () = stop.cancelled() => {}
                 () = app::learn_hashing(state, every) => {}
+            }
+        });
+    }
+    if let Some(every) = config.worker_load_interval {
+        let (workers, http, stop) = (state.workers.clone(), state.http.clone(), stop.clone());
+        background.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = workers::poll_loads(workers, http, every) => {}
             }
         });
     }

@@ -55,6 +55,11 @@ pub fn describe() {
         Unit::Seconds,
         "Seconds a prefix query to the Indexer took, by outcome"
     );
+    metrics::describe_counter!(
+        "kv_router_worker_load_polls_total",
+        Unit::Count,
+        "Polls of a worker's GET /get_load, by worker URL and outcome (ok; failed: no answer, an error status or a body without num_reqs, so its load is this router's own count)"
+    );
     metrics::describe_gauge!(
         "kv_router_worker_healthy",
         Unit::Count,

@@ -241,11 +241,8 @@ fn power_of_two(workers: &Workers, routable: &[usize]) -> Decision {
     let mut rng = rand::rng();
     let a = routable[rng.random_range(0..routable.len())];
     let b = routable[rng.random_range(0..routable.len())];
-    let chosen = if workers.list[b].active() < workers.list[a].active() {
-        b
-    } else {
-        a
-    };
+    let active = |w: usize| workers.list[w].load().active;
+    let chosen = if active(b) < active(a) { b } else { a };
     Decision::plain(chosen, Reason::PowerOfTwo)
 }
 

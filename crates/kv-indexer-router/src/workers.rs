@@ -1,6 +1,14 @@
 //! The worker registry: URLs, health, and each worker's load: active requests and prefill
 //! pressure (the uncached prompt tokens of requests whose first token has not come back).
 //!
+//! A router counts only what it sent itself; with several routers in front of one fleet each
+//! sees a share of the truth and they pile onto the same "idle" worker. So the router also polls
+//! each worker's `GET /get_load` (SGLang's per-rank list; `num_reqs`, and the queued prefill
+//! work `num_waiting_uncached_tokens` where the worker reports it) and, while the last report
+//! is good, a worker's load is that report plus what this router sent it since the poll was
+//! sent. A worker that does not answer the poll, or answers without the field, falls back to
+//! this router's own count for what is missing.
+//!
 //! A worker's URL is used exactly as configured, with no normalisation: it is matched byte for
 //! byte to the Indexer's answers (the address its bridge sends, `KV_INDEXER_WORKER_ADDRESS`)
 //! and is the `worker` label of the router's metrics, so that label equals the bridge's.
@@ -9,7 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use metrics::{Gauge, SharedString};
+use metrics::{Counter, Gauge, SharedString};
+use parking_lot::Mutex;
+use serde_json::Value;
 
 use crate::selection::Load;
 use tracing::{info, warn};
@@ -34,6 +44,53 @@ pub struct Worker {
     /// Requests sent so far: the tie-break between equally loaded workers, so that sequential
     /// traffic spreads.
     routed: AtomicUsize,
+    /// Uncached prompt tokens sent so far (never decreases).
+    routed_tokens: AtomicUsize,
+    /// The worker's last good load report, if the last poll gave one.
+    reported: Mutex<Option<Reported>>,
+    /// `kv_router_worker_load_polls_total{worker, outcome}`: ok, failed.
+    polls_ok: Counter,
+    polls_failed: Counter,
+}
+
+/// A worker's own account of its load, and this router's counters when the poll was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    /// Requests in the engine (`num_reqs`, over all ranks).
+    pub requests: usize,
+    /// Queued prefill tokens (`num_waiting_uncached_tokens`), when every rank reports them.
+    pub pressure: Option<usize>,
+    routed_at_send: usize,
+    routed_tokens_at_send: usize,
+}
+
+/// Why a load report cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadReportError {
+    #[error("GET /get_load failed")]
+    Request(#[source] reqwest::Error),
+    #[error("GET /get_load answered {0}")]
+    Status(reqwest::StatusCode),
+    #[error("GET /get_load is not a list of ranks, each with a non-negative num_reqs ({0})")]
+    Shape(String),
+}
+
+impl Reported {
+    /// `(requests, queued prefill tokens)` from SGLang's `/get_load` body, summed over ranks.
+    pub fn parse(body: &Value) -> Result<(usize, Option<usize>), LoadReportError> {
+        let shape = || LoadReportError::Shape(body.to_string().chars().take(200).collect());
+        let ranks = body.as_array().ok_or_else(shape)?;
+        let mut requests = 0usize;
+        let mut pressure = Some(0usize);
+        for rank in ranks {
+            let count = |key: &str| rank.get(key).and_then(Value::as_u64).map(|n| n as usize);
+            requests = requests.saturating_add(count("num_reqs").ok_or_else(shape)?);
+            pressure = pressure
+                .zip(count("num_waiting_uncached_tokens"))
+                .map(|(sum, n)| sum.saturating_add(n));
+        }
+        Ok((requests, pressure))
+    }
 }
 
 impl Worker {
@@ -41,7 +98,17 @@ impl Worker {
         let label = SharedString::from(Arc::<str>::from(url));
         let healthy_gauge = metrics::gauge!("kv_router_worker_healthy", "worker" => label.clone());
         healthy_gauge.set(1.0);
+        let polls = |outcome: &'static str| {
+            let counter = metrics::counter!("kv_router_worker_load_polls_total",
+                "worker" => label.clone(), "outcome" => outcome);
+            counter.increment(0);
+            counter
+        };
         Worker {
+            polls_ok: polls("ok"),
+            polls_failed: polls("failed"),
+            routed_tokens: AtomicUsize::new(0),
+            reported: Mutex::new(None),
             url: url.to_string(),
             healthy_gauge,
             label,
@@ -71,12 +138,67 @@ impl Worker {
         self.pressure.load(Ordering::Relaxed)
     }
 
+    /// The worker's load: its last report plus what this router sent it since, or this
+    /// router's own count where there is no report.
     pub fn load(&self) -> Load {
+        let routed = self.routed.load(Ordering::Relaxed);
+        let Some(report) = *self.reported.lock() else {
+            return Load {
+                pressure: self.pressure(),
+                active: self.active(),
+                routed,
+            };
+        };
+        let since = routed.saturating_sub(report.routed_at_send);
+        let since_tokens = self
+            .routed_tokens
+            .load(Ordering::Relaxed)
+            .saturating_sub(report.routed_tokens_at_send);
         Load {
-            pressure: self.pressure(),
-            active: self.active(),
-            routed: self.routed.load(Ordering::Relaxed),
+            pressure: report
+                .pressure
+                .map_or(self.pressure(), |p| p.saturating_add(since_tokens)),
+            active: report.requests.saturating_add(since),
+            routed,
         }
+    }
+
+    /// Asks the worker for its load and keeps the answer (or forgets the last one).
+    pub async fn poll_load(
+        &self,
+        http: &reqwest::Client,
+        timeout: Duration,
+    ) -> Result<Reported, LoadReportError> {
+        let routed_at_send = self.routed.load(Ordering::Relaxed);
+        let routed_tokens_at_send = self.routed_tokens.load(Ordering::Relaxed);
+        let answer = async {
+            let response = http
+                .get(format!("{}/get_load", self.url))
+                .timeout(timeout)
+                .send()
+                .await
+                .map_err(LoadReportError::Request)?;
+            if !response.status().is_success() {
+                return Err(LoadReportError::Status(response.status()));
+            }
+            let bytes = response.bytes().await.map_err(LoadReportError::Request)?;
+            let body: Value = serde_json::from_slice(&bytes)
+                .map_err(|error| LoadReportError::Shape(format!("not JSON: {error}")))?;
+            Reported::parse(&body)
+        }
+        .await;
+        let report = answer.map(|(requests, pressure)| Reported {
+            requests,
+            pressure,
+            routed_at_send,
+            routed_tokens_at_send,
+        });
+        *self.reported.lock() = report.as_ref().ok().copied();
+        match &report {
+            Ok(_) => self.polls_ok.increment(1),
+            Err(_) => self.polls_failed.increment(1),
+        }
+        report
     }
 
     pub fn refuse(&self) {
@@ -154,6 +276,9 @@ impl Workers {
         let worker = &self.list[index];
         worker.active.fetch_add(1, Ordering::Relaxed);
         worker.routed.fetch_add(1, Ordering::Relaxed);
+        worker
+            .routed_tokens
+            .fetch_add(prefill_tokens, Ordering::Relaxed);
         worker.pressure.fetch_add(prefill_tokens, Ordering::Relaxed);
         LoadGuard {
             workers: self.clone(),
@@ -183,6 +308,36 @@ impl Workers {
             all &= healthy;
         }
         all
+    }
+}
+
+/// Polls every worker's load every `every` until cancelled; a worker whose poll fails is
+/// logged when it starts and stops failing, and counted each time.
+pub async fn poll_loads(workers: Arc<Workers>, http: reqwest::Client, every: Duration) {
+    let mut failing = vec![false; workers.list.len()];
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let polls = workers
+            .list
+            .iter()
+            .map(|w| w.poll_load(&http, every.max(Duration::from_millis(50))));
+        let results = futures_util::future::join_all(polls).await;
+        for ((worker, result), failed) in workers.list.iter().zip(results).zip(&mut failing) {
+            match (result, *failed) {
+                (Err(error), false) => {
+                    warn!(url = %worker.url, error = %kv_common::error_chain(&error),
+                          "the worker's load report cannot be used; counting only what this router sent it");
+                    *failed = true;
+                }
+                (Ok(_), true) => {
+                    info!(url = %worker.url, "the worker reports its load again");
+                    *failed = false;
+                }
+                _ => {}
+            }
+        }
     }
 }
 
@@ -222,6 +377,60 @@ impl Recheck {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_load_report_sums_ranks_and_names_a_bad_shape() {
+        let two = json!([
+            {"dp_rank": 0, "num_reqs": 3, "num_waiting_reqs": 1, "num_tokens": 9, "num_waiting_uncached_tokens": 100},
+            {"dp_rank": 1, "num_reqs": 2, "num_waiting_reqs": 0, "num_tokens": 4, "num_waiting_uncached_tokens": 20},
+        ]);
+        assert_eq!(Reported::parse(&two).unwrap(), (5, Some(120)));
+        // SGLang's own /get_load has no queued-token field: requests only.
+        let sglang =
+            json!([{"dp_rank": 0, "num_reqs": 7, "num_waiting_reqs": 2, "num_tokens": 800}]);
+        assert_eq!(Reported::parse(&sglang).unwrap(), (7, None));
+        for bad in [
+            json!({"num_reqs": 1}),
+            json!([{"num_reqs": -1}]),
+            json!([{}]),
+            json!("x"),
+        ] {
+            let error = Reported::parse(&bad).unwrap_err().to_string();
+            assert!(error.contains("num_reqs"), "{error}");
+        }
+    }
+
+    #[test]
+    fn load_is_the_report_plus_what_was_sent_since_the_poll() {
+        let workers = Arc::new(Workers::new(&["http://w:1".to_string()]));
+        let worker = &workers.list[0];
+        let before = workers.start(0, 500);
+        assert_eq!((worker.load().pressure, worker.load().active), (500, 1));
+        // Another router's requests: the worker reports 3 requests and 2,000 queued tokens,
+        // polled after this router sent its first request.
+        *worker.reported.lock() = Some(Reported {
+            requests: 3,
+            pressure: Some(2000),
+            routed_at_send: 1,
+            routed_tokens_at_send: 500,
+        });
+        assert_eq!((worker.load().pressure, worker.load().active), (2000, 3));
+        let after = workers.start(0, 300);
+        assert_eq!((worker.load().pressure, worker.load().active), (2300, 4));
+        // A report without queued tokens: pressure is this router's own count.
+        *worker.reported.lock() = Some(Reported {
+            requests: 3,
+            pressure: None,
+            routed_at_send: 2,
+            routed_tokens_at_send: 800,
+        });
+        assert_eq!((worker.load().pressure, worker.load().active), (800, 3));
+        // No report: this router's own count.
+        *worker.reported.lock() = None;
+        drop((before, after));
+        assert_eq!((worker.load().pressure, worker.load().active), (0, 0));
+    }
 
     #[test]
     fn rechecks_a_failure_soon_then_less_often_and_a_pass_at_the_interval() {

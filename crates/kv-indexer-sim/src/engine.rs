@@ -7,7 +7,7 @@
 //! not leave pages pinned: the task notices the closed channel and releases them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
@@ -87,6 +87,47 @@ pub struct Usage {
     pub e2e_latency: Duration,
 }
 
+/// What the engine holds now, as SGLang's `/get_load` reports it per data-parallel rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Requests in the engine: running or waiting for a slot.
+    pub requests: usize,
+    /// Requests waiting for a running slot.
+    pub waiting: usize,
+    /// Prompt tokens of the requests in the engine.
+    pub tokens: usize,
+    /// Uncached prompt tokens whose prefill has not ended: the prefill work queued.
+    pub waiting_uncached_tokens: usize,
+}
+
+/// The counters behind [`LoadReport`].
+#[derive(Debug, Default)]
+struct LoadCounters {
+    requests: AtomicUsize,
+    waiting: AtomicUsize,
+    tokens: AtomicUsize,
+    waiting_uncached_tokens: AtomicUsize,
+}
+
+/// Adds `amount` to a counter until dropped, so that every way out of a request takes it off.
+struct Counted<'a> {
+    counter: &'a AtomicUsize,
+    amount: usize,
+}
+
+impl<'a> Counted<'a> {
+    fn add(counter: &'a AtomicUsize, amount: usize) -> Counted<'a> {
+        counter.fetch_add(amount, Ordering::Relaxed);
+        Counted { counter, amount }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.amount, Ordering::Relaxed);
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Engine {
     config: EngineConfig,
@@ -95,6 +136,7 @@ pub struct Engine {
     prefills: PrefillQueue,
     tasks: TaskTracker,
     next_id: Arc<AtomicU64>,
+    load: Arc<LoadCounters>,
 }
 
 impl Engine {
@@ -106,6 +148,18 @@ impl Engine {
             scheduler,
             tasks,
             next_id: Arc::default(),
+            load: Arc::default(),
+        }
+    }
+
+    /// What the engine holds now.
+    pub fn load(&self) -> LoadReport {
+        let read = |counter: &AtomicUsize| counter.load(Ordering::Relaxed);
+        LoadReport {
+            requests: read(&self.load.requests),
+            waiting: read(&self.load.waiting),
+            tokens: read(&self.load.tokens),
+            waiting_uncached_tokens: read(&self.load.waiting_uncached_tokens),
         }
     }
 
@@ -140,9 +194,14 @@ impl Engine {
 
     async fn run(self, request: GenerateRequest, outputs: mpsc::Sender<Output>) {
         let arrived = Instant::now();
+        let load = self.load.clone();
+        let _request = Counted::add(&load.requests, 1);
+        let _tokens = Counted::add(&load.tokens, request.input_ids.len());
+        let waiting = Counted::add(&load.waiting, 1);
         let Ok(_slot) = self.running.clone().acquire_owned().await else {
             return;
         };
+        drop(waiting);
         let started = Instant::now();
         let (hashes, tokens) = self.pages(&request.input_ids);
         let Ok(admitted) = self.scheduler.admit(hashes, tokens).await else {
@@ -152,7 +211,10 @@ impl Engine {
         let uncached = request.input_ids.len() - cached_tokens;
         let cost = self.config.timing.prefill(cached_tokens, uncached);
         let prefill_end = self.prefills.reserve(Instant::now(), cost);
-        let mut completed = wait_until(prefill_end, &outputs).await
+        let queued = Counted::add(&load.waiting_uncached_tokens, uncached);
+        let prefill_done = wait_until(prefill_end, &outputs).await;
+        drop(queued);
+        let mut completed = prefill_done
             && outputs
                 .send(Output::Prefilled { cached_tokens })
                 .await

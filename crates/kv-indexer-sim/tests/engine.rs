@@ -92,3 +92,44 @@ async fn prefills_run_one_after_another() {
     about(e2e[0], Duration::from_millis(67));
     about(e2e[1], Duration::from_millis(131));
 }
+
+async fn load(app: &Router) -> Value {
+    let request = Request::get("/get_load").body(Body::empty()).unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let ranks: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(ranks.as_array().map(Vec::len), Some(1), "{ranks}");
+    ranks[0].clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_load_reports_requests_waiting_slots_and_queued_prefill_tokens() {
+    let worker = worker(1).await;
+    let app = worker.router();
+    let idle = json!({"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0,
+                      "num_waiting_uncached_tokens": 0});
+    assert_eq!(load(&app).await, idle);
+    let first = tokio::spawn(generate_owned(app.clone(), 0..64));
+    let second = tokio::spawn(generate_owned(app.clone(), 1000..1032));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // One runs its 64-token prefill (10 of 64 ms done: still queued work), one waits for the slot.
+    assert_eq!(
+        load(&app).await,
+        json!({"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1, "num_tokens": 96,
+               "num_waiting_uncached_tokens": 64})
+    );
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    // The first is decoding or done, the second runs its 32-token prefill.
+    let during = load(&app).await;
+    assert_eq!(during["num_waiting_reqs"], 0, "{during}");
+    assert_eq!(during["num_waiting_uncached_tokens"], 32, "{during}");
+    first.await.unwrap();
+    second.await.unwrap();
+    assert_eq!(load(&app).await, idle);
+}
+
+async fn generate_owned(app: Router, prompt: std::ops::Range<u64>) {
+    generate(&app, prompt).await;
+}

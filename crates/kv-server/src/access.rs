@@ -2,8 +2,9 @@
 //! checked per call before the request body is read.
 //!
 //! - The write token, when set, is required by `ApplyExternalKvBatch`.
-//! - The read token, when set, is required by the three queries; the write token is accepted
-//!   for them too (a writer may read).
+//! - The read token, when set, is required by the three queries and by `PredictExternalKv`
+//!   (routers hold the read token; a prediction never changes the index); the write token is
+//!   accepted for them too (a writer may read).
 //! - Health and reflection stay open, so load balancers and `grpcurl` work without a token.
 //!
 //! A call without the token its method needs is answered UNAUTHENTICATED and changes nothing.
@@ -67,11 +68,12 @@ const WRITE_METHOD: &str = "ApplyExternalKvBatch";
 pub use kv_indexer_proto::prefix_wire::PREFIX_PATH;
 /// The service's methods, for the metric label of a rejected call (and the series the server
 /// exports from start).
-pub(crate) const METHODS: [&str; 4] = [
+pub(crate) const METHODS: [&str; 5] = [
     WRITE_METHOD,
     "MatchExternalKv",
     "MatchExternalKvPrefix",
     "GetExternalKvHitCounts",
+    "PredictExternalKv",
 ];
 
 /// What a call needs.

@@ -23,6 +23,9 @@ pub enum ServerError {
     /// Refused by the state beneath (fencing, readiness, freshness, the log).
     #[error(transparent)]
     State(#[from] ChangeError),
+    /// A `PredictExternalKv` field out of its range (the field is named).
+    #[error("{0}")]
+    BadPrediction(&'static str),
 }
 
 impl ServerError {
@@ -35,6 +38,7 @@ impl ServerError {
             ServerError::Scan(PoolError::Full) => Code::ResourceExhausted,
             ServerError::Scan(PoolError::Stopped) => Code::Unavailable,
             ServerError::State(error) => state_code(error),
+            ServerError::BadPrediction(_) => Code::InvalidArgument,
         }
     }
 }

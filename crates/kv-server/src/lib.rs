@@ -7,7 +7,8 @@
 //! - [`access`]: TLS (optionally mutual) and the read and write tokens;
 //! - [`config`]: flags and environment variables;
 //! - [`server`]: assembles the gRPC server and runs it on a bound listener;
-//! - [`service`]: the four RPCs, locking, admission and deadline checks;
+//! - [`service`]: the RPCs, locking, admission and deadline checks;
+//! - [`predict`]: routers' predicted placements, in memory only, with their TTL;
 //! - [`pool`]: the query threads prefix scans run on, below the runtime's priority;
 //! - [`deadline`]: arrival stamps and `grpc-timeout` parsing;
 //! - [`error`]: every error and its status code;
@@ -20,6 +21,7 @@ pub mod deadline;
 pub mod error;
 pub mod observe;
 pub mod pool;
+pub mod predict;
 mod prefix_route;
 pub mod server;
 pub mod service;

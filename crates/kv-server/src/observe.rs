@@ -43,7 +43,15 @@ pub fn register() {
             "Connections that did not complete their TLS handshake",
         ),
     ]);
+    kv_common::series::counters_from_zero(&[(
+        "kv_indexer_predicted_blocks_total",
+        "Block predictions recorded from routers (PredictExternalKv); memory only, never placements",
+    )]);
     kv_common::series::gauges_from_zero(&[
+        (
+            "kv_indexer_predictions",
+            "Block-worker predictions held (expired ones until the next sweep, at most a second later)",
+        ),
         (
             "kv_indexer_prefix_queries_inflight",
             "Prefix queries admitted and not yet answered",
@@ -58,6 +66,12 @@ pub fn register() {
 /// A prefix query admitted (`1`) or answered (`-1`).
 pub fn prefix_queries_inflight(change: f64) {
     metrics::gauge!("kv_indexer_prefix_queries_inflight").increment(change);
+}
+
+/// A prediction recorded `recorded` blocks; `held` pairs are in the table now.
+pub fn predictions(recorded: usize, held: usize) {
+    metrics::counter!("kv_indexer_predicted_blocks_total").increment(recorded as u64);
+    metrics::gauge!("kv_indexer_predictions").set(held as f64);
 }
 
 /// The health the server publishes.

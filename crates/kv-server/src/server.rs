@@ -562,6 +562,7 @@ mod tests {
                 hashes: vec![1],
                 max_blocks: 0,
                 max_matches: None,
+                include_predictions: None,
             });
             service.match_external_kv_prefix(request).await
         });

@@ -38,6 +38,7 @@ use crate::deadline::{Arrival, deadline};
 use crate::error::{ServerError, StartError};
 use crate::observe;
 use crate::pool::QueryPool;
+use crate::predict::Predictions;
 use kv_common::DoublingLog;
 use kv_indexer_proto::convert;
 use kv_indexer_proto::prefix_wire::{self, EncodedPrefixResponse, PrefixMatchRef};
@@ -69,7 +70,14 @@ pub struct Shared {
     fleet: std::sync::OnceLock<Arc<Freshness>>,
     /// Where prefix scans run.
     pool: QueryPool,
+    /// Routers' predicted placements (memory only: `crate::predict`).
+    predictions: Predictions,
 }
+
+/// Block-worker pairs of predictions held at most (about 100 bytes each).
+pub const PREDICTIONS_MAX_ENTRIES: usize = 1_000_000;
+/// The longest a prediction lives, whatever its request asks.
+pub const PREDICTIONS_MAX_TTL: Duration = Duration::from_secs(10);
 
 impl Shared {
     /// The shared state of a server with `config`, its query threads started.
@@ -91,6 +99,7 @@ impl Shared {
             prefix_scans: AtomicU64::new(0),
             fleet: std::sync::OnceLock::new(),
             pool,
+            predictions: Predictions::new(PREDICTIONS_MAX_ENTRIES, PREDICTIONS_MAX_TTL),
         })
     }
 
@@ -289,6 +298,40 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// The predictions that extend the confirmed answer `hits` (within the request's
+    /// `max_blocks` and `max_matches`).
+    fn predicted(
+        &self,
+        request: &pb::MatchExternalKvPrefixRequest,
+        hits: &PrefixHits,
+        index: &Index,
+    ) -> Vec<pb::ExternalKvPrefixMatch> {
+        let limit = match request.max_blocks {
+            0 => request.hashes.len(),
+            n => request.hashes.len().min(n as usize),
+        };
+        let confirmed = hits
+            .matches
+            .iter()
+            .map(|hit| (index.worker_address(hit.worker), hit.matched_prefix_blocks));
+        let mut predicted: Vec<pb::ExternalKvPrefixMatch> = self
+            .predictions
+            .extend(&request.hashes[..limit], confirmed, Instant::now())
+            .into_iter()
+            .map(|(worker, blocks)| pb::ExternalKvPrefixMatch {
+                worker_address: worker.to_string(),
+                matched_prefix_blocks: blocks,
+                worker_id: String::new(),
+            })
+            .collect();
+        if let Some(max) = request.max_matches.filter(|&max| max > 0) {
+            predicted.truncate(max as usize);
+        }
+        predicted
+    }
+}
+
 /// A prefix query's admission permit, taken when its request arrived; released when dropped
 /// (the last clone), which is when `kv_indexer_prefix_queries_inflight` goes down again.
 #[derive(Debug, Clone)]
@@ -330,8 +373,45 @@ impl IndexerService {
         if !self.shared.is_ready() {
             return Err(ChangeError::NotReady.into());
         }
+        // The worker's own events for a block replace the predictions of it.
+        let predicted = (!self.shared.predictions.is_empty()).then(|| {
+            let hashes: Vec<i64> = request
+                .actions
+                .iter()
+                .flat_map(|action| action.hashes.iter().copied())
+                .collect();
+            (request.worker_address.clone(), hashes)
+        });
         self.shared.writer()?.apply(request).await?;
+        if let Some((worker, hashes)) = predicted {
+            self.shared.predictions.forget(&worker, hashes);
+        }
         Ok(pb::ApplyExternalKvBatchResponse {})
+    }
+
+    /// Records a router's prediction (memory only; `crate::predict`).
+    async fn predict(
+        &self,
+        request: pb::PredictExternalKvRequest,
+    ) -> Result<pb::PredictExternalKvResponse, ServerError> {
+        self.shared.writer()?;
+        if request.worker_address.is_empty() {
+            return Err(ServerError::BadPrediction("worker_address is empty"));
+        }
+        if request.ttl_ms == 0 {
+            return Err(ServerError::BadPrediction("ttl_ms must be at least 1"));
+        }
+        validate_lookup(&request.hashes)?;
+        let recorded = self.shared.predictions.predict(
+            &request.worker_address,
+            &request.hashes,
+            Duration::from_millis(u64::from(request.ttl_ms)),
+            Instant::now(),
+        );
+        observe::predictions(recorded, self.shared.predictions.len());
+        Ok(pb::PredictExternalKvResponse {
+            recorded: recorded as u32,
+        })
     }
 
     /// `MatchExternalKvPrefix` with the response the server sends: encoded straight from the
@@ -340,13 +420,14 @@ impl IndexerService {
         &self,
         request: Request<pb::MatchExternalKvPrefixRequest>,
     ) -> Result<EncodedPrefixResponse, ServerError> {
-        self.match_prefix(request, |hits, index| {
+        self.match_prefix(request, |hits, index, predicted| {
             let matches = hits.matches.iter().map(|hit| PrefixMatchRef {
                 worker_address: index.worker_address(hit.worker),
                 matched_prefix_blocks: hit.matched_prefix_blocks,
                 worker_id: index.worker_id(hit.worker),
             });
             prefix_wire::prefix_response(matches, hits.best_prefix_blocks, hits.blocks_read)
+                .with_predicted(&predicted)
         })
         .await
     }
@@ -356,14 +437,17 @@ impl IndexerService {
         &self,
         request: Request<pb::MatchExternalKvPrefixRequest>,
     ) -> Result<pb::MatchExternalKvPrefixResponse, ServerError> {
-        self.match_prefix(request, |hits, index| {
-            convert::prefix_response(index.prefix_answer(&hits))
+        self.match_prefix(request, |hits, index, predicted| {
+            let mut response = convert::prefix_response(index.prefix_answer(&hits));
+            response.predicted = predicted;
+            response
         })
         .await
     }
 
     /// Admission, freshness, deadline and validation, then the scan, whose answer `respond`
-    /// turns into the response while the read lock is still held.
+    /// turns into the response while the read lock is still held (with the predictions that
+    /// extend it, when the request asks for them).
     async fn match_prefix<R, F>(
         &self,
         mut request: Request<pb::MatchExternalKvPrefixRequest>,
@@ -371,7 +455,7 @@ impl IndexerService {
     ) -> Result<R, ServerError>
     where
         R: Send + 'static,
-        F: FnOnce(PrefixHits, &Index) -> R + Send + 'static,
+        F: FnOnce(PrefixHits, &Index, Vec<pb::ExternalKvPrefixMatch>) -> R + Send + 'static,
     {
         let admitted = request.extensions_mut().remove::<Admission>();
         let deadline = deadline(request.metadata(), arrival(&request));
@@ -392,7 +476,12 @@ impl IndexerService {
             scanner.check_deadline(deadline)?;
             let index = scanner.index.read();
             let hits = scanner.prefix_scan(&request, &index)?;
-            Ok(respond(hits, &index))
+            let predicted = if request.include_predictions == Some(true) {
+                scanner.predicted(&request, &hits, &index)
+            } else {
+                Vec::new()
+            };
+            Ok(respond(hits, &index, predicted))
         };
         shared.pool.run(scan).await?
     }
@@ -486,6 +575,15 @@ impl KvIndexer for IndexerService {
         let start = arrival(&request);
         let result = self.hit_counts(request.into_inner()).await;
         finish("GetExternalKvHitCounts", start, result)
+    }
+
+    async fn predict_external_kv(
+        &self,
+        request: Request<pb::PredictExternalKvRequest>,
+    ) -> Result<Response<pb::PredictExternalKvResponse>, Status> {
+        let start = arrival(&request);
+        let result = self.predict(request.into_inner()).await;
+        finish("PredictExternalKv", start, result)
     }
 }
 

@@ -73,6 +73,7 @@ pub fn prefix_request(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
         hashes,
         max_blocks: 0,
         max_matches: None,
+        include_predictions: None,
     }
 }
 

@@ -140,6 +140,7 @@ async fn answers_unavailable_and_not_serving_until_the_state_is_loaded() {
             hashes: vec![1],
             max_blocks: 0,
             max_matches: None,
+            include_predictions: None,
         })
         .await
         .unwrap_err();

@@ -6,6 +6,10 @@
 //!   template ([`chat`]);
 //! - `GET /server_info` (and `/get_server_info`), `GET /get_model_info`, `GET /v1/models`,
 //!   `GET /health` (and `/health_generate`), `GET|POST /flush_cache`;
+//! - `GET /get_load`: SGLang's per-rank load list (`dp_rank`, `num_reqs`, `num_waiting_reqs`,
+//!   `num_tokens`) with `num_waiting_uncached_tokens`, the queued prefill work, as SGLang's
+//!   `LoadStat` event carries it; routers poll it to balance on the fleet's load, not only
+//!   on what they sent themselves;
 //! - `GET /cache_view`: not SGLang's; the cache's own view (block hashes held per tier, as
 //!   published so far), for tests that compare an index with the worker;
 //! - `POST /cache_prefix`: not SGLang's either; `{"hashes": [...]}` (a prompt's chained page
@@ -86,6 +90,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/health_generate", get(health))
+        .route("/get_load", get(get_load))
         .route("/flush_cache", get(flush_cache).post(flush_cache))
         .route("/cache_view", get(cache_view))
         .route("/cache_prefix", post(cache_prefix))
@@ -351,6 +356,18 @@ async fn models(State(state): State<AppState>) -> Json<Value> {
 
 async fn health() -> StatusCode {
     StatusCode::OK
+}
+
+/// One rank (the simulated worker has no data parallelism).
+async fn get_load(State(state): State<AppState>) -> Json<Value> {
+    let load = state.engine.load();
+    Json(json!([{
+        "dp_rank": 0,
+        "num_reqs": load.requests,
+        "num_waiting_reqs": load.waiting,
+        "num_tokens": load.tokens,
+        "num_waiting_uncached_tokens": load.waiting_uncached_tokens,
+    }]))
 }
 
 /// SGLang's text, and its codes: 200 when flushed, 400 when requests are running.

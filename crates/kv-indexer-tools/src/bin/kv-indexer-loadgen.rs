@@ -587,6 +587,7 @@ async fn background_scan(
                 hashes: big.clone(),
                 max_blocks: 0,
                 max_matches: None,
+                include_predictions: None,
             };
             client.match_external_kv_prefix(request).await?;
             latencies.push(start.elapsed().as_micros() as u64);
@@ -631,6 +632,7 @@ async fn query(
                     hashes: prompt.to_vec(),
                     max_blocks: 0,
                     max_matches: None,
+                    include_predictions: None,
                 });
                 request.set_timeout(timeout);
                 let sent = Instant::now();
