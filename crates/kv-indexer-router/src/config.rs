@@ -96,6 +96,20 @@ pub struct Args {
     /// 0.75-0.8). Only sources that know tiers use it (the Indexer's prefix answer does not).
     #[arg(long, env = "KV_ROUTER_CACHE_HIT_WEIGHT_DRAM", default_value_t = 0.75)]
     pub cache_hit_weight_dram: f64,
+    /// What a block the Indexer only predicts is worth against a confirmed one on the device:
+    /// at least 0 and below 1, so a prediction never outranks a confirmed placement of the
+    /// same prefix.
+    #[arg(
+        long,
+        env = "KV_ROUTER_CACHE_HIT_WEIGHT_PREDICTED",
+        default_value_t = 0.5
+    )]
+    pub cache_hit_weight_predicted: f64,
+    /// How long the Indexer keeps this router's prediction that a worker will hold a prompt it
+    /// was sent, so that every router sends siblings of a new prefix after it before the
+    /// worker's events arrive (ours, PredictExternalKv). 0: neither sent nor asked for.
+    #[arg(long, env = "KV_INDEXER_PREDICTION_TTL_MS", default_value_t = 2000)]
+    pub kv_indexer_prediction_ttl_ms: u64,
     /// With an exact source and no usable match, route where the local radix tree sent the
     /// prompt's prefix before (conversation affinity) before routing by load. Off by default:
     /// on both Mooncake traces it gained no hits and cost time to first token
@@ -140,6 +154,8 @@ pub struct RouterConfig {
     pub indexer: Option<Vec<Endpoint>>,
     pub query_timeout: Duration,
     pub query_max_inflight: usize,
+    /// `None`: predictions are neither sent nor asked for.
+    pub prediction_ttl: Option<Duration>,
     pub selection: Selection,
     pub min_load_choices: usize,
     pub conversation_affinity: bool,
@@ -212,6 +228,8 @@ impl RouterConfig {
             indexer,
             query_timeout: Duration::from_millis(args.kv_indexer_query_timeout_ms),
             query_max_inflight: args.kv_indexer_query_max_inflight as usize,
+            prediction_ttl: (args.kv_indexer_prediction_ttl_ms > 0)
+                .then(|| Duration::from_millis(args.kv_indexer_prediction_ttl_ms)),
             selection,
             min_load_choices: args.min_load_choices,
             conversation_affinity: args.conversation_affinity,
@@ -259,6 +277,13 @@ fn selection(args: &Args) -> Result<Selection, ConfigError> {
                 "cache-hit-weight-dram",
                 "KV_ROUTER_CACHE_HIT_WEIGHT_DRAM",
                 args.cache_hit_weight_dram,
+            )?,
+            predicted: in_range(
+                "cache-hit-weight-predicted",
+                "KV_ROUTER_CACHE_HIT_WEIGHT_PREDICTED",
+                args.cache_hit_weight_predicted,
+                (0.0..1.0).contains(&args.cache_hit_weight_predicted),
+                "must be at least 0 and below 1",
             )?,
         },
     })
@@ -321,6 +346,7 @@ mod tests {
         assert_eq!(c.worker_urls, ["http://a:1", "http://b:2"]);
         assert_eq!(c.query_timeout, Duration::from_millis(100));
         assert_eq!(c.query_max_inflight, 32);
+        assert_eq!(c.prediction_ttl, Some(Duration::from_secs(2)));
         assert_eq!(c.selection.min_matched_tokens, 1024);
         assert!(!c.conversation_affinity);
     }
@@ -399,7 +425,10 @@ mod tests {
                 switch_margin_tokens: 512,
                 pressure_abs_threshold_tokens: Some(4096),
                 pressure_rel_threshold: 2.0,
-                weights: TierWeights { dram: 0.8 },
+                weights: TierWeights {
+                    dram: 0.8,
+                    predicted: 0.5,
+                },
             }
         );
         assert_eq!(c.min_load_choices, 2);
@@ -525,6 +554,15 @@ mod tests {
                     "NaN",
                 ][..],
                 "--cache-hit-weight-dram",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--cache-hit-weight-predicted",
+                    "1",
+                ][..],
+                "--cache-hit-weight-predicted (KV_ROUTER_CACHE_HIT_WEIGHT_PREDICTED) 1: must be at least 0 and below 1",
             ),
             (
                 &[

@@ -85,8 +85,11 @@ pub fn state(
                     let metrics = IndexerMetrics::default();
                     metrics.register(&policy::query_outcomes());
                     PrefixSource::Indexer {
-                        client: IndexerClient::new(client_config).map_err(RouterError::Indexer)?,
+                        client: Arc::new(
+                            IndexerClient::new(client_config).map_err(RouterError::Indexer)?,
+                        ),
                         metrics,
+                        prediction_ttl: config.prediction_ttl,
                     }
                 }
                 (PrefixProvider::Oracle, _) => PrefixSource::Oracle { http: http.clone() },

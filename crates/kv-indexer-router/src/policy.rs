@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::{IndexerClient, PrefixMatch, PrefixOutcome};
@@ -35,6 +35,9 @@ use crate::workers::Workers;
 pub enum Reason {
     /// The longest usable exact match (the Indexer's or the workers' own).
     CacheHit,
+    /// The longest usable match counted a prefix the Indexer only predicts (another router
+    /// sent this prompt's prefix there, and the worker has not reported it yet).
+    PredictedHit,
     /// No usable exact match: where the radix tree sent this prompt's prefix before.
     Affinity,
     /// The cache choice was materially more loaded than the least loaded worker.
@@ -57,6 +60,7 @@ impl Reason {
     pub fn label(self) -> &'static str {
         match self {
             Reason::CacheHit => "cache_hit",
+            Reason::PredictedHit => "predicted_hit",
             Reason::Affinity => "affinity",
             Reason::PressureGuard => "pressure_guard",
             Reason::NoUsableMatch => "no_usable_match",
@@ -127,10 +131,13 @@ pub struct Rejected {
 
 /// Where `cache_aware` learns which worker holds what.
 pub enum PrefixSource {
-    /// The Indexer's longest-prefix answer (no tiers: every matched block counts as HBM).
+    /// The Indexer's longest-prefix answer (no tiers: every matched block counts as HBM), with
+    /// its predictions when `prediction_ttl` is set: each decision is then sent to the Indexer
+    /// as a prediction that lives that long.
     Indexer {
-        client: IndexerClient,
+        client: Arc<IndexerClient>,
         metrics: IndexerMetrics,
+        prediction_ttl: Option<Duration>,
     },
     /// Each worker's own view (`POST /cache_prefix`, served by `kv-indexer-sim`): perfect,
     /// instant knowledge, the ceiling benchmarks measure the Indexer against.
@@ -177,6 +184,7 @@ impl Policy {
                     ],
                     PrefixSource::Indexer { .. } => [
                         Reason::CacheHit,
+                        Reason::PredictedHit,
                         Reason::NoUsableMatch,
                         Reason::HashingUnknown,
                     ]
@@ -253,6 +261,10 @@ struct Exact {
     miss: Reason,
     matched_blocks: Vec<(usize, u32)>,
     query_blocks: usize,
+    /// Workers whose candidate counts predicted blocks.
+    predicted: Vec<usize>,
+    /// The prompt's block hashes, when the decision is to be sent as a prediction.
+    to_predict: Vec<i64>,
 }
 
 impl Exact {
@@ -262,6 +274,8 @@ impl Exact {
             miss,
             matched_blocks: Vec::new(),
             query_blocks: 0,
+            predicted: Vec::new(),
+            to_predict: Vec::new(),
         }
     }
 }
@@ -286,15 +300,16 @@ impl CacheAware {
                 .find(|c| c.worker == w)
                 .map_or(0, |c| c.matched_tokens)
         };
-        let hit = match self.source {
+        let hit = |worker: usize| match self.source {
             PrefixSource::Radix => Reason::RadixHit,
+            _ if exact.predicted.contains(&worker) => Reason::PredictedHit,
             _ => Reason::CacheHit,
         };
         let primary = match self
             .selection
             .primary(&exact.candidates, tokens.len(), load)
         {
-            Some(candidate) => Some((candidate.worker, hit)),
+            Some(candidate) => Some((candidate.worker, hit(candidate.worker))),
             None => self
                 .affinity(workers, tokens)
                 .map(|w| (w, Reason::Affinity)),
@@ -322,6 +337,7 @@ impl CacheAware {
         if let Some(tree) = &self.tree {
             tree.lock().insert(tokens, worker);
         }
+        self.send_prediction(workers, worker, exact.to_predict.clone());
         Ok(Decision {
             worker,
             reason,
@@ -333,6 +349,27 @@ impl CacheAware {
             query_blocks: exact.query_blocks,
             matched_tokens: matched_on(worker),
         })
+    }
+
+    /// Tells the Indexer, in the background, that `worker` will hold the prompt's blocks
+    /// (`hashes`; none: nothing to tell).
+    fn send_prediction(&self, workers: &Workers, worker: usize, hashes: Vec<i64>) {
+        let PrefixSource::Indexer {
+            client,
+            prediction_ttl: Some(ttl),
+            ..
+        } = &self.source
+        else {
+            return;
+        };
+        if hashes.is_empty() {
+            return;
+        }
+        let (client, ttl, url) = (client.clone(), *ttl, workers.list[worker].url.clone());
+        tokio::spawn(async move {
+            // A lost prediction costs a sibling's hit at most; the query path logs outages.
+            let _ = client.predict(&url, &hashes, ttl).await;
+        });
     }
 
     /// The least loaded routable worker, among `min_load_choices` drawn at random when set.
@@ -397,16 +434,29 @@ impl CacheAware {
         };
         let hashes = block_hashes(tokens, config, None);
         match source {
-            PrefixSource::Indexer { client, metrics } => {
+            PrefixSource::Indexer {
+                client,
+                metrics,
+                prediction_ttl,
+            } => {
                 let start = Instant::now();
-                let outcome = client.longest_prefix(&hashes).await;
+                let (outcome, predicted) = match prediction_ttl {
+                    Some(_) => client.longest_prefix_with_predictions(&hashes).await,
+                    None => (client.longest_prefix(&hashes).await, Vec::new()),
+                };
                 metrics.query(outcome.label(), start.elapsed().as_secs_f64());
                 let asked = Asked {
                     prompt_tokens: tokens.len(),
                     block_size: config.block_size,
                     hashed_blocks: hashes.len(),
                 };
-                self.indexer_answer(workers, asked, outcome)
+                let mut exact = self.indexer_answer(workers, asked, outcome)?;
+                self.add_predicted(&mut exact, workers, asked, predicted);
+                // Only an Indexer that answered is told (an outage would fail each one again).
+                if prediction_ttl.is_some() && !matches!(exact.miss, Reason::IndexerFallback(_)) {
+                    exact.to_predict = hashes;
+                }
+                Ok(exact)
             }
             PrefixSource::Oracle { http } => {
                 let views = oracle::cached_prefixes(http, workers, routable, &hashes).await;
@@ -484,6 +534,44 @@ impl CacheAware {
             });
         }
         Ok(exact)
+    }
+}
+
+impl CacheAware {
+    /// Raises each routable worker's candidate by the blocks the Indexer predicts beyond its
+    /// confirmed prefix, weighted below confirmed ones (`TierWeights::predicted`).
+    fn add_predicted(
+        &self,
+        exact: &mut Exact,
+        workers: &Workers,
+        asked: Asked,
+        predicted: Vec<PrefixMatch>,
+    ) {
+        for m in predicted {
+            let Some(worker) = workers.by_url(&m.worker_address) else {
+                continue;
+            };
+            if !workers.list[worker].is_routable() {
+                continue;
+            }
+            let tokens = (m.matched_prefix_blocks as usize)
+                .saturating_mul(asked.block_size)
+                .min(asked.prompt_tokens);
+            let at = exact.candidates.iter().position(|c| c.worker == worker);
+            let confirmed = at.map_or(0, |i| exact.candidates[i].matched_tokens);
+            let weighted = self.selection.weights.weigh_predicted(confirmed, tokens);
+            if weighted <= confirmed {
+                continue;
+            }
+            exact.predicted.push(worker);
+            match at {
+                Some(i) => exact.candidates[i].matched_tokens = weighted,
+                None => exact.candidates.push(Candidate {
+                    worker,
+                    matched_tokens: weighted,
+                }),
+            }
+        }
     }
 }
 

@@ -39,6 +39,10 @@ pub struct Candidate {
 pub struct TierWeights {
     /// The host tier (SGLang's hierarchical cache, `CPU_PINNED`).
     pub dram: f64,
+    /// A block the Indexer only predicts (another router sent the prompt there and the worker
+    /// has not reported it yet); below 1, so a prediction never outranks a confirmed placement
+    /// of the same prefix.
+    pub predicted: f64,
 }
 
 impl TierWeights {
@@ -46,6 +50,12 @@ impl TierWeights {
     /// host.
     pub fn weigh(&self, device: usize, host: usize) -> usize {
         device + (host as f64 * self.dram) as usize
+    }
+
+    /// Reusable tokens of a worker whose `confirmed` tokens are followed by predicted ones up
+    /// to `predicted` tokens.
+    pub fn weigh_predicted(&self, confirmed: usize, predicted: usize) -> usize {
+        confirmed + (predicted.saturating_sub(confirmed) as f64 * self.predicted) as usize
     }
 }
 
@@ -119,7 +129,10 @@ mod tests {
             switch_margin_tokens: 0,
             pressure_abs_threshold_tokens: Some(1000),
             pressure_rel_threshold: 2.0,
-            weights: TierWeights { dram: 0.75 },
+            weights: TierWeights {
+                dram: 0.75,
+                predicted: 0.5,
+            },
         }
     }
 
@@ -224,8 +237,19 @@ mod tests {
 
     #[test]
     fn host_hits_count_at_their_weight() {
-        let weights = TierWeights { dram: 0.75 };
+        let weights = TierWeights {
+            dram: 0.75,
+            predicted: 0.5,
+        };
         assert_eq!(weights.weigh(1000, 400), 1300);
-        assert_eq!(TierWeights { dram: 0.0 }.weigh(1000, 400), 1000);
+        // A prediction counts for half beyond the confirmed part, and never below it.
+        assert_eq!(weights.weigh_predicted(1000, 3000), 2000);
+        assert_eq!(weights.weigh_predicted(1000, 500), 1000);
+        assert_eq!(weights.weigh_predicted(0, 2048), 1024);
+        let no_host = TierWeights {
+            dram: 0.0,
+            predicted: 0.0,
+        };
+        assert_eq!(no_host.weigh(1000, 400), 1000);
     }
 }

@@ -215,8 +215,18 @@ async fn with_the_indexer_stopped_requests_are_served_by_load_and_the_fallback_i
 async fn a_worker_url_that_differs_by_a_trailing_slash_gets_no_affinity_and_a_warning() {
     // The bridges announce "http://host:port/", the router knows "http://host:port".
     let fleet = fleet(2, |url| format!("{url}/")).await;
-    // Without the radix tree's second opinion, which would keep the repeats together.
-    let router = router_with(&fleet, &["--conversation-affinity", "false"]).await;
+    // Without the radix tree's second opinion or the router's own predictions, either of which
+    // would keep the repeats together.
+    let router = router_with(
+        &fleet,
+        &[
+            "--conversation-affinity",
+            "false",
+            "--kv-indexer-prediction-ttl-ms",
+            "0",
+        ],
+    )
+    .await;
     let tokens = with_suffix(&document(11), 1);
     router.generate(&tokens).await;
     wait::until("a warning about the unmatched address", || async {

@@ -394,9 +394,16 @@ async fn a_prompt_the_tokenizer_cannot_encode_is_refused_with_400() {
 
 #[tokio::test]
 async fn with_no_usable_match_a_conversation_stays_where_it_went_before() {
-    // The Indexer knows nothing (no worker published): only the radix tree remembers.
-    let (_indexer, a, b, router) =
-        two_workers_and_the_indexer(&["--conversation-affinity", "true"]).await;
+    // The Indexer knows nothing (no worker published, and the router's own predictions off):
+    // only the radix tree remembers.
+    const NO_PREDICTIONS: [&str; 2] = ["--kv-indexer-prediction-ttl-ms", "0"];
+    let (_indexer, a, b, router) = two_workers_and_the_indexer(&[
+        "--conversation-affinity",
+        "true",
+        NO_PREDICTIONS[0],
+        NO_PREDICTIONS[1],
+    ])
+    .await;
     let turn = |n: usize| {
         let mut tokens = prompt(6, 64);
         tokens.extend((0..n as u64 * 16).map(|i| 900_000 + i));
@@ -420,7 +427,7 @@ async fn with_no_usable_match_a_conversation_stays_where_it_went_before() {
     assert!([&a, &b].contains(&&other));
 
     // Without affinity (the default) the turns go by load.
-    let (_indexer, _, _, router) = two_workers_and_the_indexer(&[]).await;
+    let (_indexer, _, _, router) = two_workers_and_the_indexer(&NO_PREDICTIONS).await;
     let first = router.generate(turn(0)).await.1;
     assert_ne!(router.generate(turn(1)).await.1, first);
 }
@@ -431,6 +438,7 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
     let idle = fake_worker("idle").await;
     let stuck = stuck_worker().await;
     let (urls, endpoint) = (format!("{idle},{stuck}"), indexer.url());
+    // Predictions off: the guard's figures below count confirmed matches only.
     let router = indexer_router(
         &urls,
         &endpoint,
@@ -439,6 +447,8 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
             "100",
             "--pressure-rel-threshold",
             "1.5",
+            "--kv-indexer-prediction-ttl-ms",
+            "0",
         ],
     )
     .await;
@@ -474,7 +484,12 @@ async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill(
     let router = indexer_router(
         &urls,
         &endpoint,
-        &["--pressure-abs-threshold-tokens", "200"],
+        &[
+            "--pressure-abs-threshold-tokens",
+            "200",
+            "--kv-indexer-prediction-ttl-ms",
+            "0",
+        ],
     )
     .await;
     let pending = tokio::spawn(router.send_tokens(hot.clone()));
@@ -505,4 +520,74 @@ async fn a_chat_request_without_a_chat_template_is_refused_with_400() {
     assert_eq!(response.status().as_u16(), 400);
     let body = response.text().await.unwrap();
     assert!(body.contains("no chat template"), "{body}");
+}
+
+/// Whether the Indexer predicts that `worker` holds the whole of `tokens`.
+async fn predicted_on(indexer: &TestIndexer, worker: &str, tokens: &[u64]) -> bool {
+    let hashes = block_hashes(
+        tokens,
+        HashConfig {
+            block_size: BLOCK,
+            bigram: false,
+        },
+        None,
+    );
+    let endpoint = kv_indexer_client::endpoint::Endpoint::parse(&indexer.url()).unwrap();
+    let client =
+        kv_indexer_client::IndexerClient::new(kv_indexer_client::ClientConfig::new(vec![endpoint]))
+            .unwrap();
+    let (_, predicted) = client.longest_prefix_with_predictions(&hashes).await;
+    predicted
+        .iter()
+        .any(|m| m.worker_address == worker && m.matched_prefix_blocks as usize == hashes.len())
+}
+
+#[tokio::test]
+async fn a_sibling_sent_to_another_router_follows_the_prediction_of_the_first() {
+    for predictions in [true, false] {
+        let indexer = TestIndexer::start().await;
+        let a = fake_worker("a").await;
+        let b = fake_worker("b").await;
+        let urls = format!("{a},{b}");
+        let ttl = if predictions { "10000" } else { "0" };
+        let extra = ["--kv-indexer-prediction-ttl-ms", ttl];
+        let first = indexer_router(&urls, &indexer.url(), &extra).await;
+        let second = indexer_router(&urls, &indexer.url(), &extra).await;
+        // The second router has sent something to a: by its own count b is the idle one.
+        let (_, warm, _) = second.generate(json!({"input_ids": prompt(20, 64)})).await;
+        assert_eq!(warm, a);
+        // The workers never report anything: only a prediction can tell where the first went.
+        let leader = prompt(21, 256);
+        let (_, chosen, _) = first.generate(json!({"input_ids": leader})).await;
+        assert_eq!(chosen, a);
+        if predictions {
+            wait::until("the prediction", || async {
+                predicted_on(&indexer, &a, &leader).await.then_some(())
+            })
+            .await;
+        }
+        let mut sibling = leader.clone();
+        sibling.extend([1, 2, 3]);
+        let response = second
+            .send_tokens(sibling)
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap();
+        let header = |name: &str| response.headers()[name].to_str().unwrap().to_string();
+        let (worker, reason) = (header("x-routed-worker"), header("x-routing-reason"));
+        if predictions {
+            assert_eq!(worker, a, "the sibling follows the prediction");
+            assert_eq!(reason, "predicted_hit");
+        } else {
+            assert_eq!(
+                worker, b,
+                "without predictions the second router balances by load"
+            );
+            assert!(
+                !predicted_on(&indexer, &a, &leader).await,
+                "nothing was predicted"
+            );
+        }
+    }
 }
