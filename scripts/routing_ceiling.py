@@ -29,7 +29,7 @@ suffix (the simulated worker evicts leaves first); prefill waits follow docs/rou
 prefill at a time per worker) at the offered load's arrival times; a prompt's blocks enter the
 cache when it arrives. The live figures it should agree with are in bench/routing/*.md.
 
-    scripts/routing_ceiling.py [--traces conversation,synthetic] [--requests 2000]
+    scripts/routing_ceiling.py [--traces conversation,synthetic,shared-prefix] [--requests 2000]
                                [--workers 8] [--cache-tokens 262144] [--load 0.7]
                                [--radix-max-tokens 4000000] [--wait-weight 4]
                                [--out bench/routing/ceiling.md]
@@ -45,7 +45,6 @@ from collections import OrderedDict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import routing_bench  # noqa: E402  (the live benchmark: its traces and time model)
 
-TRACES = routing_bench.TRACES
 BLOCK = routing_bench.BLOCK_TOKENS
 MODEL = routing_bench.TimeModel(argparse.Namespace(
     prefill_us_per_token=routing_bench.PREFILL_US_PER_TOKEN,
@@ -54,6 +53,8 @@ MODEL = routing_bench.TimeModel(argparse.Namespace(
 # The router's default --cache-affinity-min-matched-tokens (1024); --radix-max-tokens is set in main.
 MIN_MATCHED_BLOCKS = 1024 // BLOCK
 RADIX_BLOCKS = None
+# The live benchmark's decode time per output token (its --decode-ms-per-token), model seconds.
+DECODE_S_PER_TOKEN = 0.010
 
 
 def prefill_s(uncached, cached):
@@ -92,13 +93,20 @@ class Worker:
     def __init__(self, capacity):
         self.cache = Lru(capacity)
         self.busy_until = 0.0
+        self.ends = []  # a heap of when each request sent here ends (prefill, then its decode)
 
     def wait(self, now):
         return max(0.0, self.busy_until - now)
 
+    def active(self, now):
+        while self.ends and self.ends[0] <= now:
+            heapq.heappop(self.ends)
+        return len(self.ends)
+
 
 def least_wait(workers, candidates, now):
-    return min(candidates, key=lambda i: (workers[i].wait(now), i))
+    """The router's least loaded: prefill wait, then active requests, then order."""
+    return min(candidates, key=lambda i: (workers[i].wait(now), workers[i].active(now), i))
 
 
 def longest_match(workers, matches, now):
@@ -128,6 +136,21 @@ def radix(workers, request, now, state):
     chosen = longest_match(workers, matches, now)
     memory.insert([(chosen, h) for h in ids])
     return chosen
+
+
+def balanced(abs_threshold, rel_threshold):
+    """`exact` with the router's balance guard (--balance-abs-threshold, --balance-rel-threshold):
+    the cache choice gives way to the least active worker when its active requests exceed the
+    mean by more than both thresholds."""
+    def policy(workers, request, now, state):
+        chosen = exact(workers, request, now, state)
+        active = [w.active(now) for w in workers]
+        mean = sum(active) / len(active)
+        if active[chosen] > mean + abs_threshold and active[chosen] > mean * rel_threshold:
+            return least_wait(workers, range(len(workers)), now)
+        return chosen
+
+    return policy
 
 
 def round_robin(workers, request, now, state):
@@ -174,6 +197,7 @@ def replay(requests, policy, workers, cache_tokens, load):
         cached = cached_tokens(worker.cache.match(r["hash_ids"]), r)
         worker.busy_until = max(now, worker.busy_until) + prefill_s(r["input_length"] - cached, cached)
         ttfts.append(worker.busy_until - now)
+        heapq.heappush(worker.ends, worker.busy_until + r["output_length"] * DECODE_S_PER_TOKEN)
         worker.cache.insert(r["hash_ids"])
         hit += cached
         total += r["input_length"]
@@ -255,7 +279,9 @@ def table(name, requests, args):
         ("radix", radix),
         ("round_robin", round_robin),
         (f"min_wait (weight {args.wait_weight:g})", min_wait(args.wait_weight)),
-    ] + [(f"split_fresh_{k}", split_fresh(k)) for k in (args.workers - 1, args.workers - 2)]
+    ] + [(f"split_fresh_{k}", split_fresh(k)) for k in (args.workers - 1, args.workers - 2)] + [
+        (f"exact, balance guard {args.balance_abs:g} / {args.balance_rel:g}x",
+         balanced(args.balance_abs, args.balance_rel))]
     rows = [(label, replay(requests, p, args.workers, args.cache_tokens, args.load))
             for label, p in policies]
     radix_hit = dict(rows)["radix"]["hit"]
@@ -290,14 +316,18 @@ def main():
     p.add_argument("--wait-weight", type=float, default=4.0)
     p.add_argument("--radix-max-tokens", type=int, default=4_000_000,
                    help="what the radix policy remembers (the router's --radix-max-tokens)")
+    p.add_argument("--balance-abs", type=float, default=4, help="the balance guard's absolute threshold")
+    p.add_argument("--balance-rel", type=float, default=1.25, help="the balance guard's relative threshold")
+    p.add_argument("--groups", type=int, default=32, help="shared-prefix: system prompts")
+    p.add_argument("--zipf", type=float, default=0.8, help="shared-prefix: group popularity")
     p.add_argument("--out", help="also write the tables to this markdown file")
     args = p.parse_args()
     global RADIX_BLOCKS
     RADIX_BLOCKS = args.radix_max_tokens // BLOCK
     out = []
     for name in args.traces.split(","):
-        with open(TRACES[name]) as f:
-            requests = [json.loads(line) for _, line in zip(range(args.requests), f)]
+        name, requests = routing_bench.load_requests(name, args.requests,
+                                                     {"groups": args.groups, "zipf": args.zipf})
         out.append(table(name, requests, args))
         print(out[-1], flush=True)
         print()

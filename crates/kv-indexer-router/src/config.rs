@@ -88,6 +88,13 @@ pub struct Args {
     /// ... and by more than this factor.
     #[arg(long, env = "KV_ROUTER_PRESSURE_REL_THRESHOLD", default_value_t = 1.5)]
     pub pressure_rel_threshold: f64,
+    /// The balance guard, off unless set: a cache choice gives way to the least loaded worker
+    /// when its active requests exceed the routable workers' mean by more than this many...
+    #[arg(long, env = "KV_ROUTER_BALANCE_ABS_THRESHOLD")]
+    pub balance_abs_threshold: Option<usize>,
+    /// ... and by more than this factor.
+    #[arg(long, env = "KV_ROUTER_BALANCE_REL_THRESHOLD", default_value_t = 1.25)]
+    pub balance_rel_threshold: f64,
     /// Routing by load picks the least loaded of this many workers drawn at random (0: of
     /// all).
     #[arg(long, env = "KV_ROUTER_MIN_LOAD_CHOICES", default_value_t = 0)]
@@ -256,6 +263,7 @@ fn selection(args: &Args) -> Result<Selection, ConfigError> {
         )
     };
     let rel = args.pressure_rel_threshold;
+    let balance = args.balance_rel_threshold;
     Ok(Selection {
         min_matched_tokens: args.cache_affinity_min_matched_tokens,
         min_match_ratio: share(
@@ -270,6 +278,14 @@ fn selection(args: &Args) -> Result<Selection, ConfigError> {
             "KV_ROUTER_PRESSURE_REL_THRESHOLD",
             rel,
             rel.is_finite() && rel >= 1.0,
+            "must be a finite number, at least 1",
+        )?,
+        balance_abs_threshold: args.balance_abs_threshold,
+        balance_rel_threshold: in_range(
+            "balance-rel-threshold",
+            "KV_ROUTER_BALANCE_REL_THRESHOLD",
+            balance,
+            balance.is_finite() && balance >= 1.0,
             "must be a finite number, at least 1",
         )?,
         weights: TierWeights {
@@ -414,6 +430,10 @@ mod tests {
             "0.8",
             "--conversation-affinity",
             "true",
+            "--balance-abs-threshold",
+            "4",
+            "--cache-hit-weight-predicted",
+            "0.25",
         ])
         .unwrap();
         assert_eq!(c.provider, PrefixProvider::Oracle);
@@ -425,9 +445,11 @@ mod tests {
                 switch_margin_tokens: 512,
                 pressure_abs_threshold_tokens: Some(4096),
                 pressure_rel_threshold: 2.0,
+                balance_abs_threshold: Some(4),
+                balance_rel_threshold: 1.25,
                 weights: TierWeights {
                     dram: 0.8,
-                    predicted: 0.5,
+                    predicted: 0.25,
                 },
             }
         );
@@ -554,6 +576,15 @@ mod tests {
                     "NaN",
                 ][..],
                 "--cache-hit-weight-dram",
+            ),
+            (
+                &[
+                    "--worker-urls",
+                    "http://a:1",
+                    "--balance-rel-threshold",
+                    "0.9",
+                ][..],
+                "--balance-rel-threshold",
             ),
             (
                 &[

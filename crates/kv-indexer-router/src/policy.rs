@@ -42,6 +42,8 @@ pub enum Reason {
     Affinity,
     /// The cache choice was materially more loaded than the least loaded worker.
     PressureGuard,
+    /// The cache choice held many more active requests than the mean (the balance guard).
+    Balance,
     /// The exact source answered, but no healthy worker holds a usable prefix.
     NoUsableMatch,
     /// The Indexer could not answer (the outcome's label says why).
@@ -63,6 +65,7 @@ impl Reason {
             Reason::PredictedHit => "predicted_hit",
             Reason::Affinity => "affinity",
             Reason::PressureGuard => "pressure_guard",
+            Reason::Balance => "balance",
             Reason::NoUsableMatch => "no_usable_match",
             Reason::IndexerFallback(outcome) => outcome,
             Reason::HashingUnknown => "hashing_unknown",
@@ -198,6 +201,9 @@ impl Policy {
                 if policy.selection.pressure_abs_threshold_tokens.is_some() {
                     reasons.push(Reason::PressureGuard);
                 }
+                if policy.selection.balance_abs_threshold.is_some() {
+                    reasons.push(Reason::Balance);
+                }
                 reasons
             }
         };
@@ -315,6 +321,9 @@ impl CacheAware {
                 .map(|w| (w, Reason::Affinity)),
         };
         let (worker, reason) = match primary {
+            Some((worker, _)) if self.unbalanced(workers, routable, worker) => {
+                (backup, Reason::Balance)
+            }
             Some((worker, _))
                 if self.selection.guard(
                     (load(worker), matched_on(worker)),
@@ -349,6 +358,21 @@ impl CacheAware {
             query_blocks: exact.query_blocks,
             matched_tokens: matched_on(worker),
         })
+    }
+
+    /// Whether the balance guard moves a request off `worker` (its active requests against
+    /// the routable workers' mean).
+    fn unbalanced(&self, workers: &Workers, routable: &[usize], worker: usize) -> bool {
+        if self.selection.balance_abs_threshold.is_none() {
+            return false;
+        }
+        let total: usize = routable
+            .iter()
+            .map(|&w| workers.list[w].load().active)
+            .sum();
+        let mean = total as f64 / routable.len() as f64;
+        self.selection
+            .unbalanced(workers.list[worker].load().active, mean)
     }
 
     /// Tells the Indexer, in the background, that `worker` will hold the prompt's blocks

@@ -15,6 +15,12 @@
 //!   hits and bought no time to first token on the Mooncake traces, which have no hot prefix,
 //!   hence off by default (`bench/routing/decisions.md`).
 //!
+//! - The **balance guard** (off unless `--balance-abs-threshold` is set): the primary gives way
+//!   to the least loaded worker when its active requests exceed the mean over routable workers
+//!   by more than that many *and* by more than `--balance-rel-threshold` times. A hot prefix
+//!   (a popular system prompt) then gets a second home instead of piling its requests onto one
+//!   worker, and near-ties between its homes go by load.
+//!
 //! Load is prefill pressure first (the uncached prompt tokens routed to a worker whose first
 //! token has not come back yet), then active requests, then requests routed so far.
 
@@ -68,6 +74,11 @@ pub struct Selection {
     /// `None`: no guard.
     pub pressure_abs_threshold_tokens: Option<usize>,
     pub pressure_rel_threshold: f64,
+    /// The balance guard (`None`: off): a cache choice gives way to the least loaded worker
+    /// when its active requests exceed the routable workers' mean by more than this many...
+    pub balance_abs_threshold: Option<usize>,
+    /// ... and by more than this factor.
+    pub balance_rel_threshold: f64,
     pub weights: TierWeights,
 }
 
@@ -105,6 +116,17 @@ impl Selection {
             .copied()
     }
 
+    /// Whether the cache choice holds so many more active requests than the mean (`mean`)
+    /// that it gives way: a hot prefix then gets a second home, and ties between its homes go
+    /// by load.
+    pub fn unbalanced(&self, active: usize, mean: f64) -> bool {
+        let Some(threshold) = self.balance_abs_threshold else {
+            return false;
+        };
+        let active = active as f64;
+        active > mean + threshold as f64 && active > mean * self.balance_rel_threshold
+    }
+
     /// Whether the primary's pressure overrules its cache in favour of the backup, each with
     /// its load and its matched tokens.
     pub fn guard(&self, primary: (Load, usize), backup: (Load, usize)) -> bool {
@@ -129,11 +151,29 @@ mod tests {
             switch_margin_tokens: 0,
             pressure_abs_threshold_tokens: Some(1000),
             pressure_rel_threshold: 2.0,
+            balance_abs_threshold: Some(4),
+            balance_rel_threshold: 1.5,
             weights: TierWeights {
                 dram: 0.75,
                 predicted: 0.5,
             },
         }
+    }
+
+    #[test]
+    fn the_balance_guard_needs_both_thresholds_and_is_off_by_default() {
+        let on = selection();
+        // Mean 2: over by more than 4 and more than 1.5x.
+        assert!(on.unbalanced(7, 2.0));
+        assert!(!on.unbalanced(6, 2.0), "not more than 4 over");
+        // Mean 10: 15 is 5 over but only 1.5x.
+        assert!(!on.unbalanced(15, 10.0));
+        assert!(on.unbalanced(16, 10.0));
+        let off = Selection {
+            balance_abs_threshold: None,
+            ..on
+        };
+        assert!(!off.unbalanced(1000, 0.0));
     }
 
     fn load(pressure: usize) -> Load {

@@ -591,3 +591,41 @@ async fn a_sibling_sent_to_another_router_follows_the_prediction_of_the_first() 
         }
     }
 }
+
+#[tokio::test]
+async fn the_balance_guard_gives_a_hot_prefix_a_second_home() {
+    let indexer = TestIndexer::start().await;
+    let idle = fake_worker("idle").await;
+    let stuck = stuck_worker().await;
+    let (urls, endpoint) = (format!("{idle},{stuck}"), indexer.url());
+    let router = indexer_router(
+        &urls,
+        &endpoint,
+        &[
+            "--balance-abs-threshold",
+            "1",
+            "--balance-rel-threshold",
+            "1",
+        ],
+    )
+    .await;
+    let hot = prompt(30, 256);
+    report(&indexer, &stuck, &hot).await;
+    // Each goes to the cache and stays active there while the stuck worker's count before it is
+    // at most the mean (half that count, the idle worker being at 0) plus 1: 0, 1 and 2 are.
+    let mut pending = Vec::new();
+    for active in 1..=3 {
+        pending.push(tokio::spawn(router.send_tokens(hot.clone())));
+        wait::until("the request to be active on the stuck worker", || async {
+            (router.state.workers.list[1].active() == active).then_some(())
+        })
+        .await;
+    }
+    // 3 active against a mean of 1.5: more than 1 over, so the next gives way to the idle one.
+    let response = router.send_tokens(hot).await.unwrap();
+    assert_eq!(response.headers()["x-routed-worker"], idle.as_str());
+    assert_eq!(response.headers()["x-routing-reason"], "balance");
+    for request in pending {
+        request.abort();
+    }
+}
