@@ -285,16 +285,11 @@ class Load:
         return ct.diff(ct.router_decisions(self.fleet.router_url), self.before), self.traffic.errors - self.errors_before
 
 
-def blind_decisions(decisions):
-    """The decisions the Indexer gave no signal for, by reason."""
-    return {k: v for k, v in decisions.items() if k not in ("cache_hit", "no_usable_match")}
-
-
 def routing_summary(decisions):
     """Routed, the hit ratio, and the blind decisions (the Indexer gave no signal) by reason."""
     routed = sum(decisions.values())
-    hits = decisions.get("cache_hit", 0)
-    blind = blind_decisions(decisions)
+    hits = ct.hit_decisions(decisions)
+    blind = ct.blind_decisions(decisions)
     return f"routed {routed}, hit {hits / max(routed, 1):.2f}, blind {sum(blind.values())} {blind or ''}".rstrip()
 
 
@@ -342,7 +337,7 @@ def case_route(c):
     decisions = ct.diff(ct.router_decisions(c.fleet.router_url), before)
     if c.traffic.errors:
         raise RuntimeError(f"{c.traffic.errors} requests failed")
-    if decisions.get("cache_hit", 0) < c.args.requests // 2 or "cache_hit" not in reasons:
+    if ct.hit_decisions(decisions) < c.args.requests // 2 or "cache_hit" not in reasons:
         raise RuntimeError(f"too few cache hits: {decisions}, x-routing-reason {reasons}")
     return f"{routing_summary(decisions)}; {check_index(c.fleet, c.traffic, c.args)}"
 
@@ -360,11 +355,11 @@ def case_kill(c):
     finally:
         decisions, failed = load.stop()
     gone = restarts(c.project, [*BRIDGES, *WORKERS, "router", REPLICAS[1]])
-    if failed or gone or not decisions.get("cache_hit"):
+    if failed or gone or not ct.hit_decisions(decisions):
         raise RuntimeError(f"{failed} requests failed; restarted or stopped: {gone}; decisions {decisions}")
     # The routers try the killed replica last once it has failed them: a few decisions may go
     # blind (it spent their budget), not a tenth of them (116-162 of 280 before, every one).
-    if sum(blind_decisions(decisions).values()) > sum(decisions.values()) / 10:
+    if sum(ct.blind_decisions(decisions).values()) > sum(decisions.values()) / 10:
         raise RuntimeError(f"blind routing while a replica was down: {routing_summary(decisions)}")
     return (f"serving {back:.2f} s after its start; 0 failed, {routing_summary(decisions)}; "
             f"{check_index(c.fleet, c.traffic, c.args)}")

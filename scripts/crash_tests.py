@@ -74,6 +74,22 @@ def router_decisions(url):
     return counts
 
 
+# Decisions made on the Indexer's signal: a confirmed or predicted match, or an answer that no
+# worker holds the prompt. Every other reason is blind (the Indexer gave no signal).
+HIT_REASONS = ("cache_hit", "predicted_hit")
+INFORMED_REASONS = (*HIT_REASONS, "no_usable_match")
+
+
+def blind_decisions(decisions):
+    """The decisions the Indexer gave no signal for, by reason."""
+    return {k: v for k, v in decisions.items() if k not in INFORMED_REASONS}
+
+
+def hit_decisions(decisions):
+    """Decisions routed on a match (confirmed or predicted)."""
+    return sum(decisions.get(k, 0) for k in HIT_REASONS)
+
+
 def diff(after, before):
     return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before) if after.get(k, 0) != before.get(k, 0)}
 
@@ -294,7 +310,7 @@ def routing_window(args, fleet, traffic, router_url, admin):
     for w in workers:
         w.join(timeout=30)
     decisions = diff(router_decisions(router_url), before)
-    blind = sum(v for k, v in decisions.items() if k not in ("cache_hit", "no_usable_match"))
+    blind = sum(blind_decisions(decisions).values())
     return dict(routed=sum(decisions.values()), blind=blind, window_s=window, decisions=decisions)
 
 

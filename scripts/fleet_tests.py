@@ -12,7 +12,7 @@ Per case:
 1. traffic to the workers until the index equals every worker's /cache_view;
 2. the routing window: requests through the router (4 at a time) while the fault happens,
    from 1 s before it until 1 s after every replica serves again; the router's decisions by
-   reason (hit ratio = cache_hit / routed; blind = the Indexer gave no signal);
+   reason (hit ratio = cache_hit and predicted_hit / routed; blind = the Indexer gave no signal);
 3. quiet; then every replica's digest (GET /state) must be equal, and the index against every
    worker's view: over-claimed must be 0 (under-claims are allowed only after FLUSHALL, where
    the log itself was lost).
@@ -387,8 +387,8 @@ def run_case(args, name, logs_root, seed):
             s.join(timeout=30)
         decisions = ct.diff(ct.router_decisions(fleet.router_url), before)
         routed = sum(decisions.values())
-        hits = decisions.get("cache_hit", 0)
-        blind = sum(v for k, v in decisions.items() if k not in ("cache_hit", "no_usable_match"))
+        hits = ct.hit_decisions(decisions)
+        blind = sum(ct.blind_decisions(decisions).values())
         # Quiet: every replica equal, and the index against the workers.
         fleet.wait_all_fresh()
         settled = ft.settle(fleet.fleet, traffic, time.time(), args)

@@ -37,7 +37,6 @@ cache when it arrives. The live figures it should agree with are in bench/routin
 
 import argparse
 import heapq
-import json
 import os
 import sys
 from collections import OrderedDict

@@ -241,6 +241,7 @@ fuzz_target!(|data: &[u8]| {
                 hashes: hashes(&h),
                 max_blocks: u32::from(max_blocks % 8),
                 max_matches: None,
+                include_predictions: None,
             }),
             Op::MatchKv {
                 hashes: h,
@@ -261,6 +262,7 @@ fuzz_target!(|data: &[u8]| {
                         hashes: seed_hashes[start..end].to_vec(),
                         max_blocks: u32::from(max_blocks % 8),
                         max_matches: None,
+                        include_predictions: None,
                     });
                 }
             }

@@ -522,6 +522,13 @@ async fn a_chat_request_without_a_chat_template_is_refused_with_400() {
     assert!(body.contains("no chat template"), "{body}");
 }
 
+/// A client of `indexer`, as the router's.
+fn indexer_client(indexer: &TestIndexer) -> kv_indexer_client::IndexerClient {
+    let endpoint = kv_indexer_client::endpoint::Endpoint::parse(&indexer.url()).unwrap();
+    kv_indexer_client::IndexerClient::new(kv_indexer_client::ClientConfig::new(vec![endpoint]))
+        .unwrap()
+}
+
 /// Whether the Indexer predicts that `worker` holds the whole of `tokens`.
 async fn predicted_on(indexer: &TestIndexer, worker: &str, tokens: &[u64]) -> bool {
     let hashes = block_hashes(
@@ -532,10 +539,7 @@ async fn predicted_on(indexer: &TestIndexer, worker: &str, tokens: &[u64]) -> bo
         },
         None,
     );
-    let endpoint = kv_indexer_client::endpoint::Endpoint::parse(&indexer.url()).unwrap();
-    let client =
-        kv_indexer_client::IndexerClient::new(kv_indexer_client::ClientConfig::new(vec![endpoint]))
-            .unwrap();
+    let client = indexer_client(indexer);
     let (_, predicted) = client.longest_prefix_with_predictions(&hashes).await;
     predicted
         .iter()
@@ -628,4 +632,29 @@ async fn the_balance_guard_gives_a_hot_prefix_a_second_home() {
     for request in pending {
         request.abort();
     }
+}
+
+#[tokio::test]
+async fn a_prediction_never_outranks_a_confirmed_placement_of_the_same_prefix() {
+    let (indexer, a, b, router) = two_workers_and_the_indexer(&[]).await;
+    let tokens = prompt(40, 256);
+    // b holds the prompt for sure; a is only predicted to, for the whole of it.
+    report(&indexer, &b, &tokens).await;
+    let hashes = block_hashes(
+        &tokens,
+        HashConfig {
+            block_size: BLOCK,
+            bigram: false,
+        },
+        None,
+    );
+    let client = indexer_client(&indexer);
+    client
+        .predict(&a, &hashes, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(predicted_on(&indexer, &a, &tokens).await);
+    let response = router.send_tokens(tokens).await.unwrap();
+    assert_eq!(response.headers()["x-routed-worker"], b.as_str());
+    assert_eq!(response.headers()["x-routing-reason"], "cache_hit");
 }
