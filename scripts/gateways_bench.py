@@ -214,8 +214,6 @@ def main():
     if not args.no_build:
         rb.build()
     model = rb.TimeModel(args)
-    results_path = os.path.join(args.out, "gateways.json")
-    saved = json.load(open(results_path)) if os.path.exists(results_path) else {"commands": [], "rows": []}
     policies = args.policies.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     routers_list = [int(r) for r in args.routers.split(",")]
@@ -245,18 +243,30 @@ def main():
             print(f"  hit rate {row['hit_rate']:.3f}, TTFT p90 {row['ttft_p90_s']:.2f} s, "
                   f"load max/mean {row['load_max_over_mean']:.2f}, failed {row['failed']}", file=sys.stderr, flush=True)
             fresh.append(row)
+            save(args.out, fresh, command_line())
+    save(args.out, fresh, command_line())
+    plots(json.load(open(os.path.join(args.out, "gateways.json")))["rows"], args.out)
+
+
+def command_line():
+    return "scripts/gateways_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def save(out, fresh, command):
+    """Merges `fresh` rows into <out>/gateways.json (a row measured again replaces its old
+    self) and rewrites gateways.md; called after every run, so a run that fails keeps the
+    rows before it."""
+    path = os.path.join(out, "gateways.json")
+    saved = json.load(open(path)) if os.path.exists(path) else {"commands": [], "rows": []}
     measured = {key(r) for r in fresh}
     rows = [r for r in saved["rows"] if key(r) not in measured] + fresh
-    command = "scripts/gateways_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     commands = [c for c in saved["commands"] if c != command] + [command]
-    with open(results_path, "w") as f:
+    with open(path, "w") as f:
         json.dump({"commands": commands, "rows": rows}, f)
     text = tables(rows, commands)
-    with open(os.path.join(args.out, "gateways.md"), "w") as f:
+    with open(os.path.join(out, "gateways.md"), "w") as f:
         f.write(text)
-    print(text)
-    plots(rows, args.out)
-
+    return text
 
 def fleet_for(policy, speedup):
     """(the fleet class, router flags) of a policy name. Our routers' intervals are their

@@ -187,6 +187,13 @@ class Fleet:
     def __init__(self, args, model, router_args, logs, routers=1):
         self.procs = []
         self.logs = logs
+        try:
+            self.start_all(args, model, router_args, routers)
+        except BaseException:
+            self.stop()  # a fleet that could not start leaves nothing running
+            raise
+
+    def start_all(self, args, model, router_args, routers):
         port = args.base_port
         self.indexer = f"127.0.0.1:{port}"
         self.start("server", [f"{BIN}/kv-indexer-server", "--listen-addr", self.indexer])
@@ -474,7 +481,9 @@ def add_fleet_arguments(p):
     p.add_argument("--max-running", type=int, default=1024)
     p.add_argument("--min-matched-tokens", type=int, default=1024, help="the router's affinity threshold")
     p.add_argument("--concurrency", type=int, default=768, help="client threads (open loop below it)")
-    p.add_argument("--base-port", type=int, default=42000)
+    # Below Linux's ephemeral range (32768-60999), so that no outgoing connection holds a port a
+    # process of the fleet must listen on.
+    p.add_argument("--base-port", type=int, default=21000)
 
 
 def build():

@@ -38,6 +38,7 @@ use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use kv_indexer_client::{ClientConfig, ClientError, IndexerClient};
 use parking_lot::{Mutex, RwLock};
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::app::AppState;
@@ -174,6 +175,14 @@ pub async fn run(
             }
         });
     }
+    // Streamed answers are small writes: without TCP_NODELAY, Nagle holds each one until the
+    // client acknowledges the last, and a client's delayed ACK adds up to 40 ms to the time to
+    // first token.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "TCP_NODELAY on an accepted connection");
+        }
+    });
     let result = axum::serve(listener, app::router(state))
         .with_graceful_shutdown(shutdown)
         .await

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use axum::Router;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -224,7 +225,14 @@ impl Worker {
         mut self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), WorkerError> {
-        let served = axum::serve(self.http, self.app)
+        // Streamed chunks are small writes: without TCP_NODELAY, Nagle and the client's delayed
+        // ACK hold one for up to 40 ms, which a real worker does not.
+        let listener = self.http.tap_io(|tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(%error, "TCP_NODELAY on an accepted connection");
+            }
+        });
+        let served = axum::serve(listener, self.app)
             .with_graceful_shutdown(shutdown)
             .await;
         self.requests.close();
