@@ -17,6 +17,8 @@ TTFT p50/p90 and load max/mean (requests per worker). Policies:
   the behaviour before gateways polled the workers' load;
 - `indexer_balanced`: `indexer` with the balance guard (`--balance-abs-threshold 2
   --balance-rel-threshold 1.25`), which gives a hot prefix a second home;
+- `indexer_poll_50ms`, `indexer_poll_200ms`: `indexer` polling the workers' load every 50 or
+  200 ms of model time instead of 100 (at the default 10x speedup);
 - `indexer_no_predictions`, `oracle`: for the sibling bursts (`oracle` reads the workers' own
   cache views: perfect, instant knowledge).
 
@@ -55,6 +57,9 @@ POLICIES = {
     "radix_tree": rb.POLICIES["radix_tree"],
     "indexer_own_load": rb.POLICIES["indexer"] + ["--worker-load-interval-ms", "0"],
     "indexer_balanced": rb.POLICIES["indexer"] + ["--balance-abs-threshold", "2", "--balance-rel-threshold", "1.25"],
+    # The load poll every 50 or 200 ms of model time (at the default 10x speedup), against 100.
+    "indexer_poll_50ms": rb.POLICIES["indexer"] + ["--worker-load-interval-ms", "5"],
+    "indexer_poll_200ms": rb.POLICIES["indexer"] + ["--worker-load-interval-ms", "20"],
     "radix_tree_own_load": rb.POLICIES["radix_tree"] + ["--worker-load-interval-ms", "0"],
 }
 SMG_VERSION = "1.13.0"
@@ -185,6 +190,9 @@ def plots(rows, out):
             ax.set_xlabel("gateways (routers) R")
             ax.set_ylabel(label)
             ax.set_xscale("log", base=2)
+            ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+            if measure == "ttft_p90_s":
+                ax.set_yscale("log")
             ax.set_title(f"{trace}: median and range over seeds")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
