@@ -2,6 +2,8 @@
 //! KV cache lives, with the semantics of `docs/router-contract.md`.
 //!
 //! - [`hashing`]: SGLang's block hashes from token ids (SHA-256 chain, bigrams, salts).
+//! - [`vllm_hashing`]: vLLM's block hashes (sha256 over its pickle, sha256_cbor), and the one
+//!   rule mapping a vLLM event hash to the Indexer's i64.
 //! - [`tokenize`]: a deterministic word tokenizer for tools and simulations.
 //! - [`tokenizer`]: prompt text to token ids as SGLang encodes it (a Hugging Face
 //!   `tokenizer.json` with feature `hf`, else the word tokenizer), shared by the router and the
@@ -26,6 +28,7 @@ pub mod outcome;
 pub mod security;
 pub mod tokenize;
 pub mod tokenizer;
+pub mod vllm_hashing;
 
 pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES, ServingStatus};
 pub use endpoint::{Endpoint, EndpointError};

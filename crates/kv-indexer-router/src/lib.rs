@@ -33,12 +33,12 @@ pub mod workers;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
+use axum::serve::ListenerExt;
 use kv_common::telemetry::Metrics;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use kv_indexer_client::{ClientConfig, ClientError, IndexerClient};
 use parking_lot::{Mutex, RwLock};
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::app::AppState;

@@ -6,9 +6,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
+use axum::serve::ListenerExt;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
