@@ -346,8 +346,7 @@ impl CacheAware {
         if let Some(tree) = &self.tree {
             tree.lock().insert(tokens, worker);
         }
-        self.send_prediction(workers, worker, exact.to_predict.clone());
-        Ok(Decision {
+        let decision = Decision {
             worker,
             reason,
             matched_blocks: exact
@@ -357,7 +356,9 @@ impl CacheAware {
                 .map_or(0, |(_, blocks)| *blocks),
             query_blocks: exact.query_blocks,
             matched_tokens: matched_on(worker),
-        })
+        };
+        self.send_prediction(workers, worker, exact.to_predict);
+        Ok(decision)
     }
 
     /// Whether the balance guard moves a request off `worker` (its active requests against

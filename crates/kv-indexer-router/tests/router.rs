@@ -163,6 +163,16 @@ async fn two_workers_and_the_indexer(extra: &[&str]) -> (TestIndexer, String, St
     (indexer, a, b, router)
 }
 
+/// The Indexer, a fake worker `idle` that answers at once and one that never answers (its
+/// requests stay queued).
+async fn indexer_idle_and_stuck() -> (TestIndexer, String, String) {
+    (
+        TestIndexer::start().await,
+        fake_worker("idle").await,
+        stuck_worker().await,
+    )
+}
+
 /// A router over the workers `urls` that asks the Indexer at `endpoint`, with `extra` flags.
 async fn indexer_router(urls: &str, endpoint: &str, extra: &[&str]) -> TestRouter {
     let mut argv = vec!["--worker-urls", urls, "--kv-indexer-endpoint", endpoint];
@@ -434,9 +444,7 @@ async fn with_no_usable_match_a_conversation_stays_where_it_went_before() {
 
 #[tokio::test]
 async fn the_pressure_guard_moves_a_hot_prefix_off_a_worker_with_queued_prefill() {
-    let indexer = TestIndexer::start().await;
-    let idle = fake_worker("idle").await;
-    let stuck = stuck_worker().await;
+    let (indexer, idle, stuck) = indexer_idle_and_stuck().await;
     let (urls, endpoint) = (format!("{idle},{stuck}"), indexer.url());
     // Predictions off: the guard's figures below count confirmed matches only.
     let router = indexer_router(
@@ -598,9 +606,7 @@ async fn a_sibling_sent_to_another_router_follows_the_prediction_of_the_first() 
 
 #[tokio::test]
 async fn the_balance_guard_gives_a_hot_prefix_a_second_home() {
-    let indexer = TestIndexer::start().await;
-    let idle = fake_worker("idle").await;
-    let stuck = stuck_worker().await;
+    let (indexer, idle, stuck) = indexer_idle_and_stuck().await;
     let (urls, endpoint) = (format!("{idle},{stuck}"), indexer.url());
     let router = indexer_router(
         &urls,

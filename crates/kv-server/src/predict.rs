@@ -112,7 +112,7 @@ impl Predictions {
         hashes: &[i64],
         confirmed: impl Iterator<Item = (&'a str, u32)>,
         now: Instant,
-    ) -> Vec<(Arc<str>, u32)> {
+    ) -> Vec<(String, u32)> {
         let table = self.table.lock();
         if table.entries == 0 || hashes.is_empty() {
             return Vec::new();
@@ -124,22 +124,22 @@ impl Predictions {
                     .any(|(w, expires)| &**w == worker && *expires > now)
             })
         };
-        let mut starts: Vec<(Arc<str>, usize)> = confirmed
-            .map(|(worker, blocks)| (Arc::from(worker), blocks as usize))
+        let mut starts: Vec<(&str, usize)> = confirmed
+            .map(|(worker, blocks)| (worker, blocks as usize))
             .collect();
         for (worker, expires) in table.by_hash.get(&hashes[0]).into_iter().flatten() {
-            if *expires > now && !starts.iter().any(|(w, _)| w == worker) {
-                starts.push((worker.clone(), 0));
+            if *expires > now && !starts.iter().any(|(w, _)| *w == &**worker) {
+                starts.push((worker, 0));
             }
         }
-        let mut out: Vec<(Arc<str>, u32)> = starts
+        let mut out: Vec<(String, u32)> = starts
             .into_iter()
             .filter_map(|(worker, from)| {
                 let mut end = from;
-                while end < hashes.len() && holds(hashes[end], &worker) {
+                while end < hashes.len() && holds(hashes[end], worker) {
                     end += 1;
                 }
-                (end > from).then(|| (worker, u32::try_from(end).unwrap_or(u32::MAX)))
+                (end > from).then(|| (worker.to_string(), u32::try_from(end).unwrap_or(u32::MAX)))
             })
             .collect();
         out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -178,13 +178,6 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    fn names(answer: Vec<(Arc<str>, u32)>) -> Vec<(String, u32)> {
-        answer
-            .into_iter()
-            .map(|(w, n)| (w.to_string(), n))
-            .collect()
-    }
-
     #[test]
     fn a_prediction_extends_a_confirmed_prefix_and_never_outlives_its_ttl() {
         let p = Predictions::new(100, ms(10_000));
@@ -193,12 +186,12 @@ mod tests {
         // b holds 1, 2 for sure, and nothing is predicted for it: not listed.
         let confirmed = [("b", 2)];
         assert_eq!(
-            names(p.extend(&[1, 2, 3, 4, 5], confirmed.into_iter(), t0)),
+            p.extend(&[1, 2, 3, 4, 5], confirmed.into_iter(), t0),
             [("a".into(), 4)]
         );
         // a's confirmed prefix is 3: its prediction still reaches 4.
         assert_eq!(
-            names(p.extend(&[1, 2, 3, 4], [("a", 3)].into_iter(), t0 + ms(199))),
+            p.extend(&[1, 2, 3, 4], [("a", 3)].into_iter(), t0 + ms(199)),
             [("a".into(), 4)]
         );
         // Confirmed as long as predicted: nothing to add.
@@ -224,7 +217,7 @@ mod tests {
         p.predict("a", &[2], ms(100), t0);
         p.predict("a", &[2], ms(300), t0 + ms(100));
         assert_eq!(p.len(), 2);
-        let at = |t| names(p.extend(&[2], std::iter::empty(), t0 + ms(t)));
+        let at = |t| p.extend(&[2], std::iter::empty(), t0 + ms(t));
         assert_eq!(at(399), [("a".into(), 1)]);
         assert!(at(400).is_empty());
     }
@@ -238,7 +231,7 @@ mod tests {
         p.forget("a", [2]);
         assert_eq!(p.len(), 4);
         // a's chain stops at the forgotten block; longest first.
-        let answer = names(p.extend(&[1, 2, 3], std::iter::empty(), t0));
+        let answer = p.extend(&[1, 2, 3], std::iter::empty(), t0);
         assert_eq!(answer, [("b".into(), 2), ("a".into(), 1)]);
     }
 

@@ -320,7 +320,7 @@ impl Shared {
             .extend(&request.hashes[..limit], confirmed, Instant::now())
             .into_iter()
             .map(|(worker, blocks)| pb::ExternalKvPrefixMatch {
-                worker_address: worker.to_string(),
+                worker_address: worker,
                 matched_prefix_blocks: blocks,
                 worker_id: String::new(),
             })

@@ -8,24 +8,15 @@ use kv_indexer_client::endpoint::Endpoint;
 use kv_indexer_client::{ClientConfig, IndexerClient, PrefixOutcome};
 use kv_indexer_proto::v1 as pb;
 use kv_testkit::TestIndexer;
-use kv_testkit::indexer::{HBM, REPORT, REVOKE, prefix_request};
+use kv_testkit::indexer::{HBM, REPORT, REVOKE, action, apply_request, prefix_request};
 use tonic::Code;
 
-fn apply(worker: &str, kind: i32, hashes: Vec<i64>) -> pb::ApplyExternalKvBatchRequest {
-    pb::ApplyExternalKvBatchRequest {
-        worker_id: worker.into(),
-        seq: 1,
-        actions: vec![pb::ExternalKvAction {
-            r#type: kind,
-            tier: HBM,
-            hashes,
-            ..Default::default()
-        }],
-        worker_address: address(worker),
-        ..Default::default()
-    }
+/// An apply of one action of `kind` at HBM by `worker` (at [`address`]).
+fn apply(worker: &str, kind: i32, hashes: &[i64]) -> pb::ApplyExternalKvBatchRequest {
+    apply_request(worker, vec![action(kind, HBM, hashes)])
 }
 
+/// The address `apply_request` gives `worker`.
 fn address(worker: &str) -> String {
     format!("http://{worker}:30000")
 }
@@ -45,6 +36,19 @@ fn with_predictions(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
     }
 }
 
+/// The server's answer to a prefix query.
+async fn answer(
+    server: &TestIndexer,
+    request: pb::MatchExternalKvPrefixRequest,
+) -> pb::MatchExternalKvPrefixResponse {
+    server
+        .client()
+        .match_external_kv_prefix(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// `(address, blocks)` of a list of matches.
 fn listed(matches: &[pb::ExternalKvPrefixMatch]) -> Vec<(String, u32)> {
     matches
@@ -58,7 +62,7 @@ async fn predictions_are_answered_apart_only_when_asked_and_never_outrank_a_conf
     let server = TestIndexer::start().await;
     let mut client = server.client();
     client
-        .apply_external_kv_batch(apply("a", REPORT, vec![1, 2]))
+        .apply_external_kv_batch(apply("a", REPORT, &[1, 2]))
         .await
         .unwrap();
     // b is predicted for the whole prompt, a for one block past its confirmed two.
@@ -75,20 +79,12 @@ async fn predictions_are_answered_apart_only_when_asked_and_never_outrank_a_conf
         .unwrap();
 
     // An upstream client's query: the answer is exactly the confirmed one.
-    let plain = client
-        .match_external_kv_prefix(prefix_request(vec![1, 2, 3, 4]))
-        .await
-        .unwrap()
-        .into_inner();
+    let plain = answer(&server, prefix_request(vec![1, 2, 3, 4])).await;
     assert_eq!(listed(&plain.matches), [(address("a"), 2)]);
     assert_eq!(plain.best_prefix_blocks, 2);
     assert!(plain.predicted.is_empty());
 
-    let asked = client
-        .match_external_kv_prefix(with_predictions(vec![1, 2, 3, 4]))
-        .await
-        .unwrap()
-        .into_inner();
+    let asked = answer(&server, with_predictions(vec![1, 2, 3, 4])).await;
     // Confirmed matches and the best prefix are unchanged by predictions.
     assert_eq!(listed(&asked.matches), [(address("a"), 2)]);
     assert_eq!(asked.best_prefix_blocks, 2);
@@ -129,24 +125,15 @@ async fn a_prediction_never_outlives_its_ttl() {
         .predict_external_kv(predict("a", vec![1, 2], 150))
         .await
         .unwrap();
-    let answer = |client: &mut pb::kv_indexer_client::KvIndexerClient<_>| {
-        let mut client = client.clone();
-        async move {
-            client
-                .match_external_kv_prefix(with_predictions(vec![1, 2]))
-                .await
-                .unwrap()
-                .into_inner()
-        }
-    };
-    let before = answer(&mut client).await;
+    let before = answer(&server, with_predictions(vec![1, 2])).await;
     assert_eq!(listed(&before.predicted), [(address("a"), 2)]);
     assert!(
         before.matches.is_empty(),
         "a prediction is never a placement"
     );
     tokio::time::sleep(Duration::from_millis(160)).await;
-    assert!(answer(&mut client).await.predicted.is_empty());
+    let after = answer(&server, with_predictions(vec![1, 2])).await;
+    assert!(after.predicted.is_empty());
 }
 
 #[tokio::test]
@@ -160,20 +147,16 @@ async fn the_workers_own_events_replace_its_predictions() {
     // The worker stored blocks 1 and 2, then evicted 2: the prediction of 2 must not bring
     // it back.
     client
-        .apply_external_kv_batch(apply("a", REPORT, vec![1, 2]))
+        .apply_external_kv_batch(apply("a", REPORT, &[1, 2]))
         .await
         .unwrap();
     client
-        .apply_external_kv_batch(apply("a", REVOKE, vec![2]))
+        .apply_external_kv_batch(apply("a", REVOKE, &[2]))
         .await
         .unwrap();
-    let answer = client
-        .match_external_kv_prefix(with_predictions(vec![1, 2, 3]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(listed(&answer.matches), [(address("a"), 1)]);
-    assert!(answer.predicted.is_empty(), "{:?}", answer.predicted);
+    let after = answer(&server, with_predictions(vec![1, 2, 3])).await;
+    assert_eq!(listed(&after.matches), [(address("a"), 1)]);
+    assert!(after.predicted.is_empty(), "{:?}", after.predicted);
 }
 
 #[tokio::test]
@@ -196,10 +179,6 @@ async fn a_malformed_prediction_is_refused_naming_its_field_and_records_nothing(
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().contains(field), "{}", status.message());
     }
-    let answer = client
-        .match_external_kv_prefix(with_predictions(vec![1]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(answer.predicted.is_empty());
+    let after = answer(&server, with_predictions(vec![1])).await;
+    assert!(after.predicted.is_empty());
 }
