@@ -18,7 +18,7 @@ pub fn bridge_messages(
         worker_id: worker_id.into(),
         ..WorkerHeader::default()
     };
-    kv_bridge::batch::messages(payload, &header, 0, &TIERS).ok()
+    kv_bridge::batch::messages(kv_events::Engine::Sglang, payload, &header, 0, &TIERS).ok()
 }
 
 /// Splits `data` into `(length-prefixed part, rest)`: a little-endian u32 length, then that many

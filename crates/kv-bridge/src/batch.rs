@@ -2,7 +2,7 @@
 //! apply messages. The bridge's stream and sender go through these functions, and so do the
 //! fuzz targets (`fuzz/src/lib.rs`), so the fuzzers exercise the bridge's own path.
 
-use kv_events::{Action, BatchError, SkipReason, decode_batch, map_events, split};
+use kv_events::{Action, BatchError, Engine, SkipReason, decode_engine_batch, map_events, split};
 use kv_index::Tier;
 use kv_indexer_proto::convert::{WorkerHeader, apply_message};
 use kv_indexer_proto::v1 as pb;
@@ -14,18 +14,21 @@ pub struct Mapped {
     pub events: usize,
     /// Why each unusable event was left out, in batch order.
     pub skipped: Vec<SkipReason>,
+    /// A skipped event may have been a removal: the worker must be cleared after these RPCs.
+    pub hides_removal: bool,
     /// The actions of each RPC, in order (empty when the events change nothing).
     pub rpcs: Vec<Vec<Action>>,
 }
 
-/// Decodes `payload` and maps its events to the actions of each RPC; `AllBlocksCleared`
-/// clears `clear_tiers`.
-pub fn map(payload: &[u8], clear_tiers: &[Tier]) -> Result<Mapped, BatchError> {
-    let batch = decode_batch(payload)?;
+/// Decodes `payload`, written by `engine`, and maps its events to the actions of each RPC;
+/// `AllBlocksCleared` clears `clear_tiers`.
+pub fn map(engine: Engine, payload: &[u8], clear_tiers: &[Tier]) -> Result<Mapped, BatchError> {
+    let batch = decode_engine_batch(engine, payload)?;
     Ok(Mapped {
         events: batch.events.len(),
         rpcs: split(map_events(&batch.events, clear_tiers)),
         skipped: batch.skipped,
+        hides_removal: batch.hides_removal,
     })
 }
 
@@ -42,10 +45,15 @@ pub fn requests(
 
 /// The apply requests a bridge sends for `payload`, as [`map`] then [`requests`] do.
 pub fn messages(
+    engine: Engine,
     payload: &[u8],
     header: &WorkerHeader,
     seq: u64,
     clear_tiers: &[Tier],
 ) -> Result<Vec<pb::ApplyExternalKvBatchRequest>, BatchError> {
-    Ok(requests(header, seq, map(payload, clear_tiers)?.rpcs))
+    Ok(requests(
+        header,
+        seq,
+        map(engine, payload, clear_tiers)?.rpcs,
+    ))
 }

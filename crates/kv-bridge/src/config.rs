@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use clap::Parser;
+use kv_events::Engine;
 use kv_index::{COMPONENT_FULL, COMPONENT_MAMBA, COMPONENT_SWA, CacheSpec, Tier};
 use kv_indexer_client::security::{PemError, SecurityError};
 use kv_indexer_client::{ClientSecurity, Credentials};
 
-/// Follows one SGLang worker's KV event stream and applies it to the Indexer.
+/// Follows one SGLang or vLLM worker's KV event stream and applies it to the Indexer.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kv-indexer-bridge", version, about)]
 pub struct Args {
@@ -25,7 +26,11 @@ pub struct Args {
         default_value = "http://[::1]:50051"
     )]
     pub endpoint: String,
-    /// The worker's ZMQ PUB endpoint.
+    /// The engine that publishes the events: sglang or vllm (same frames and replay; vLLM's own
+    /// payload, media and hashes).
+    #[arg(long, env = "KV_INDEXER_ENGINE", default_value = "sglang")]
+    pub engine: Engine,
+    /// The worker's ZMQ PUB endpoint (vLLM's `--kv-events-config` endpoint too).
     #[arg(
         long,
         env = "SGLANG_KV_EVENT_ENDPOINT",
@@ -166,6 +171,10 @@ pub enum ConfigError {
     SwaWindow,
     #[error("KV_INDEXER_CACHE_SPEC_VERSION (--cache-spec-version) {0} is not supported (0 or 1)")]
     SpecVersion(u32),
+    #[error(
+        "KV_INDEXER_CACHE_COMPONENTS (--cache-components) is for SGLang: a vLLM worker is indexed whole-block (its hybrid models, with more than one KV-cache group, are not indexed)"
+    )]
+    VllmComponents,
 }
 
 const ENDPOINT: &str = "KV_INDEXER_ENDPOINT (--endpoint)";
@@ -198,6 +207,7 @@ pub struct BridgeConfig {
     pub worker_address: String,
     /// The Indexer replicas, in the order they are tried (at least one).
     pub endpoints: Vec<String>,
+    pub engine: Engine,
     pub event_endpoint: String,
     pub event_topic: String,
     pub replay_endpoint: Option<String>,
@@ -241,6 +251,7 @@ impl BridgeConfig {
             worker_id: args.worker_id,
             worker_address: args.worker_address,
             endpoints,
+            engine: args.engine,
             event_endpoint: args.event_endpoint,
             event_topic: args.event_topic,
             replay_endpoint: args.replay_endpoint,
@@ -278,6 +289,9 @@ fn cache_spec(args: &Args) -> Result<Option<CacheSpec>, ConfigError> {
     let Some(Components(components)) = args.cache_components else {
         return Ok(None);
     };
+    if args.engine == Engine::Vllm {
+        return Err(ConfigError::VllmComponents);
+    }
     let swa_window_tokens = match (components & COMPONENT_SWA != 0, args.swa_window_tokens) {
         (true, Some(0) | None) => return Err(ConfigError::SwaWindow),
         (true, Some(window)) => window,

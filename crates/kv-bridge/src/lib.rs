@@ -313,7 +313,7 @@ impl Stream {
     }
 
     fn process(&mut self, seq: u64, payload: &[u8]) {
-        let mapped = match batch::map(payload, &self.config.clear_tiers) {
+        let mapped = match batch::map(self.config.engine, payload, &self.config.clear_tiers) {
             Ok(mapped) => mapped,
             Err(error) => {
                 if let Some(total) = self.stats.batch_skipped(stats::BATCH_SKIP_MSGPACK) {
@@ -333,6 +333,15 @@ impl Stream {
                 seq,
                 rpcs: mapped.rpcs,
             });
+        }
+        // After the batch: a store it holds may follow the unreadable removal, and clearing
+        // first would let that store stand for a block the worker dropped.
+        if mapped.hides_removal {
+            warn!(
+                seq,
+                "an unreadable event may have removed blocks: clearing the worker"
+            );
+            self.clear(ClearReason::Unreadable);
         }
     }
 

@@ -35,16 +35,20 @@ pub enum ClearReason {
     /// The Indexer lost batches it had acknowledged (a rolled-back log or state directory)
     /// and cleared the worker (it answered ABORTED).
     IndexLost,
+    /// An event that may have removed blocks could not be read (or came from a hybrid vLLM
+    /// model's second KV-cache group, which is not indexed).
+    Unreadable,
 }
 
 impl ClearReason {
-    pub const ALL: [ClearReason; 6] = [
+    pub const ALL: [ClearReason; 7] = [
         ClearReason::Startup,
         ClearReason::Reconnect,
         ClearReason::Gap,
         ClearReason::Restart,
         ClearReason::Overflow,
         ClearReason::IndexLost,
+        ClearReason::Unreadable,
     ];
 
     pub fn label(self) -> &'static str {
@@ -55,6 +59,7 @@ impl ClearReason {
             ClearReason::Restart => "restart",
             ClearReason::Overflow => "overflow",
             ClearReason::IndexLost => "index_lost",
+            ClearReason::Unreadable => "unreadable_event",
         }
     }
 }

@@ -1,8 +1,8 @@
-//! SGLang batches as domain events: the medium becomes a [`Tier`], `component_types` a mask, and
-//! an event the index cannot use is skipped with a [`SkipReason`] while the rest of its batch
-//! goes on.
+//! SGLang and vLLM batches as domain events: the medium becomes a [`Tier`], `component_types` a
+//! mask, and an event the index cannot use is skipped with a [`SkipReason`] while the rest of its
+//! batch goes on.
 
-use crate::wire::{self, BatchError, Field, Kind, Medium, RawEvent};
+use crate::wire::{self, BatchError, Engine, Field, Kind, Medium, RawEvent};
 use kv_index::Tier;
 
 /// One payload, decoded.
@@ -15,6 +15,11 @@ pub struct DecodedBatch {
     pub events: Vec<Event>,
     /// Why each unusable event was left out, in batch order.
     pub skipped: Vec<SkipReason>,
+    /// Some skipped event may have been a removal of an indexed block (a malformed
+    /// `BlockRemoved`, an event of unknown shape, or one from a hybrid model's second KV-cache
+    /// group): the worker's placements can no longer be trusted, so the bridge clears them
+    /// after the batch (an under-claim, never an over-claim).
+    pub hides_removal: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +61,15 @@ pub enum SkipReason {
     UnknownEventType(String),
     #[error("malformed event: {0}")]
     Malformed(&'static str),
+    /// vLLM's hybrid models (several KV-cache groups, e.g. full attention beside sliding
+    /// window) are not indexed: a prefix is only reusable where every group holds it.
+    #[error(
+        "vLLM KV-cache group {0}: hybrid models (more than one group) are not indexed, the worker is cleared"
+    )]
+    HybridGroup(i64),
+    /// `kv_cache_spec_kind` other than full or MLA attention.
+    #[error("vLLM kv_cache_spec_kind {0:?} is not indexed (only full_attention, mla_attention)")]
+    SpecKind(String),
 }
 
 impl SkipReason {
@@ -67,38 +81,73 @@ impl SkipReason {
             SkipReason::ExternalMedium => "external_medium",
             SkipReason::UnknownEventType(_) => "unknown_event_type",
             SkipReason::Malformed(_) => "malformed",
+            SkipReason::HybridGroup(_) => "hybrid_group",
+            SkipReason::SpecKind(_) => "spec_kind",
         }
     }
 }
 
-/// Decodes one msgpack payload (the last frame of a live or replayed message).
+/// Decodes one SGLang msgpack payload (the last frame of a live or replayed message).
 ///
 /// Never panics. Broken msgpack, or a batch that is not `[ts, events, ...]`, is an error for the
 /// whole payload; an event that is unusable on its own lands in [`DecodedBatch::skipped`].
 pub fn decode_batch(payload: &[u8]) -> Result<DecodedBatch, BatchError> {
+    decode_engine_batch(Engine::Sglang, payload)
+}
+
+/// Decodes one payload written by `engine`, as [`decode_batch`] does for SGLang.
+pub fn decode_engine_batch(engine: Engine, payload: &[u8]) -> Result<DecodedBatch, BatchError> {
     let mut events = Vec::new();
     let mut skipped = Vec::new();
-    let header = wire::read_batch(payload, |raw| match event(raw) {
-        Ok(event) => events.push(event),
-        Err(reason) => skipped.push(reason),
+    let mut hides_removal = false;
+    let header = wire::read_batch(payload, engine, |raw| {
+        let removal = may_remove(&raw);
+        match event(engine, raw) {
+            Ok(event) => events.push(event),
+            Err(reason) => {
+                hides_removal |= match reason {
+                    SkipReason::ExternalMedium | SkipReason::UnknownEventType(_) => false,
+                    SkipReason::HybridGroup(_) => true,
+                    _ => removal,
+                };
+                skipped.push(reason);
+            }
+        }
     })?;
     Ok(DecodedBatch {
         ts: header.ts,
         attn_dp_rank: header.attn_dp_rank,
         events,
         skipped,
+        hides_removal,
     })
 }
 
-fn event(raw: Field<RawEvent>) -> Result<Event, SkipReason> {
+/// Whether an event, before it is judged, may be a removal: a `BlockRemoved`, or one whose
+/// type cannot be read. An event type this version does not know is not one: a newer engine's
+/// additions must not clear every worker that sends them.
+fn may_remove(raw: &Field<RawEvent>) -> bool {
+    match raw {
+        Field::Value(raw) => matches!(
+            raw.kind,
+            Field::Value(Kind::Removed) | Field::Missing | Field::Bad
+        ),
+        Field::Missing | Field::Bad => true,
+    }
+}
+
+fn event(engine: Engine, raw: Field<RawEvent>) -> Result<Event, SkipReason> {
     let Field::Value(raw) = raw else {
         return Err(SkipReason::Malformed("event is neither an array nor a map"));
     };
+    if engine == Engine::Vllm {
+        vllm_group(&raw)?;
+    }
     match raw.kind {
-        Field::Value(Kind::Stored) => stored(raw),
+        Field::Value(Kind::Stored) => stored(engine, raw),
         Field::Value(Kind::Removed) => {
             let block_hashes = hashes(raw.block_hashes)?;
-            let tier = tier(raw.medium)?;
+            let tier = tier(engine, raw.medium)?;
             Ok(Event::BlockRemoved { block_hashes, tier })
         }
         Field::Value(Kind::Cleared) => Ok(Event::AllBlocksCleared),
@@ -108,7 +157,21 @@ fn event(raw: Field<RawEvent>) -> Result<Event, SkipReason> {
     }
 }
 
-fn stored(raw: RawEvent) -> Result<Event, SkipReason> {
+/// vLLM's group and spec kind: group 0 (or none) of full or MLA attention is what a prefix
+/// match means; anything else is refused.
+fn vllm_group(raw: &RawEvent) -> Result<(), SkipReason> {
+    match optional(raw.group_idx.clone(), "group_idx is not an integer")? {
+        None | Some(0) => {}
+        Some(group) => return Err(SkipReason::HybridGroup(group)),
+    }
+    match optional(raw.spec_kind.clone(), "kv_cache_spec_kind is not a string")? {
+        None => Ok(()),
+        Some(kind) if kind == "full_attention" || kind == "mla_attention" => Ok(()),
+        Some(kind) => Err(SkipReason::SpecKind(kind)),
+    }
+}
+
+fn stored(engine: Engine, raw: RawEvent) -> Result<Event, SkipReason> {
     let block_hashes = hashes(raw.block_hashes)?;
     let parent_block_hash = optional(raw.parent_block_hash, "parent_block_hash is not an integer")?;
     let block_size = match optional(raw.block_size, "block_size is not an integer")? {
@@ -123,7 +186,7 @@ fn stored(raw: RawEvent) -> Result<Event, SkipReason> {
     let session_id = optional(raw.session_id, "session_id is not a string")?;
     let lora_name = optional(raw.lora_name, "lora_name is not a string")?;
     let component_mask = optional(raw.component_mask, "component_types is not an array")?;
-    let tier = tier(raw.medium)?;
+    let tier = tier(engine, raw.medium)?;
     Ok(Event::BlockStored(BlockStored {
         block_hashes,
         parent_block_hash,
@@ -156,10 +219,14 @@ fn optional<T>(field: Field<T>, bad: &'static str) -> Result<Option<T>, SkipReas
     }
 }
 
-fn tier(medium: Field<Medium>) -> Result<Tier, SkipReason> {
+/// The medium's tier. vLLM's `medium` is optional: its GPU block pool always names one, and an
+/// event without it comes from the GPU pool of a build before the field (as vLLM's own
+/// consumers read it), so nil is HBM there; for SGLang it is an error, as the contract says.
+fn tier(engine: Engine, medium: Field<Medium>) -> Result<Tier, SkipReason> {
     match medium {
         Field::Value(Medium::Gpu) => Ok(Tier::Hbm),
-        Field::Value(Medium::CpuPinned) => Ok(Tier::Dram),
+        Field::Missing if engine == Engine::Vllm => Ok(Tier::Hbm),
+        Field::Value(Medium::Host) => Ok(Tier::Dram),
         Field::Value(Medium::Disk) => Ok(Tier::Ssd),
         Field::Value(Medium::External) => Err(SkipReason::ExternalMedium),
         Field::Value(Medium::Other(name)) => Err(SkipReason::UnknownMedium(name)),

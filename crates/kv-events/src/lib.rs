@@ -1,4 +1,5 @@
-//! SGLang KV events, from ZMQ frames to index actions: the pure half of `kv-indexer-bridge`.
+//! SGLang and vLLM KV events, from ZMQ frames to index actions: the pure half of
+//! `kv-indexer-bridge`.
 //!
 //! No I/O, no async runtime, no clock: every function takes bytes or values and returns values,
 //! so all of it is tested against golden vectors captured from the real publisher
@@ -26,7 +27,7 @@ pub mod mapping;
 pub mod wire;
 
 pub use chunk::split;
-pub use decode::{BlockStored, DecodedBatch, Event, SkipReason, decode_batch};
+pub use decode::{BlockStored, DecodedBatch, Event, SkipReason, decode_batch, decode_engine_batch};
 pub use frames::{FrameError, LiveMessage, ReplayFrame, parse_live, parse_replay, replay_request};
 pub use mapping::{Action, clear_action, map_events};
-pub use wire::BatchError;
+pub use wire::{BatchError, Engine, vllm_digest_hash};

@@ -1,6 +1,8 @@
 //! What SGLang writes: the msgpack batch `[ts, events, attn_dp_rank, ...]` and its events, in
 //! the map era (`{"type": "BlockStored", ...}`, 0.5.20 and later) and the array era
-//! (`["BlockStored", ...]`, up to 0.5.18).
+//! (`["BlockStored", ...]`, up to 0.5.18); and what vLLM writes, the same batch shape with map
+//! events of its own (`[ts, events, data_parallel_rank]`, `scripts/vllm/FACTS.md`). The
+//! [`Engine`] decides the medium names and whether a hash may be a raw digest.
 //!
 //! Everything is read with `deserialize_any` through one lenient visitor, `Lenient`, shaped by a
 //! `Shape`: a value of the expected shape becomes `Field::Value`, nil becomes `Field::Missing`,
@@ -21,6 +23,46 @@ pub const MAX_DEPTH: usize = 32;
 /// Vectors are preallocated from the length a msgpack header claims, but never beyond this: the
 /// header of a hostile payload may claim 2^32 elements.
 const MAX_PREALLOC: usize = 1 << 16;
+
+/// Which engine wrote the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    #[default]
+    Sglang,
+    Vllm,
+}
+
+impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Sglang => "sglang",
+            Engine::Vllm => "vllm",
+        }
+    }
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Engine, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "sglang" => Ok(Engine::Sglang),
+            "vllm" => Ok(Engine::Vllm),
+            other => Err(format!("unknown engine {other:?}: expected sglang or vllm")),
+        }
+    }
+}
+
+/// vLLM's hash as our signed 64-bit field: the digest's last 8 bytes, big-endian, the bits of
+/// the unsigned int vLLM publishes by default (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`), so both
+/// forms of one hash meet. `kv_indexer_client::vllm_hashing::event_hash` is the same rule.
+pub fn vllm_digest_hash(digest: &[u8]) -> Option<i64> {
+    let tail: [u8; 8] = digest
+        .get(digest.len().checked_sub(8)?..)?
+        .try_into()
+        .ok()?;
+    Some(i64::from_be_bytes(tail))
+}
 
 /// Why a whole payload was rejected. None of its events are used.
 #[derive(Debug, thiserror::Error)]
@@ -76,11 +118,12 @@ pub(crate) enum Kind {
     Unknown(String),
 }
 
-/// `medium` as written. Which of them are indexed is `decode`'s business.
+/// `medium` as written (SGLang's `GPU`/`CPU_PINNED`/`DISK`, vLLM's `GPU`/`CPU`/`STORAGE`).
+/// Which of them are indexed is `decode`'s business.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Medium {
     Gpu,
-    CpuPinned,
+    Host,
     Disk,
     External,
     Other(String),
@@ -102,6 +145,10 @@ pub(crate) struct RawEvent {
     pub lora_name: Field<String>,
     /// `component_types`, already OR'd into a mask.
     pub component_mask: Field<u32>,
+    /// vLLM's KV-cache group (hybrid models have several).
+    pub group_idx: Field<i64>,
+    /// vLLM's `kv_cache_spec_kind` (set by the offloading connectors).
+    pub spec_kind: Field<String>,
 }
 
 /// The batch around the events.
@@ -115,13 +162,14 @@ pub(crate) struct Header {
 /// its place) to `on_event` in order.
 pub(crate) fn read_batch(
     payload: &[u8],
+    engine: Engine,
     on_event: impl FnMut(Field<RawEvent>),
 ) -> Result<Header, BatchError> {
     // A cursor rather than `from_read_ref`: only it tells how much was read.
     let mut deserializer = rmp_serde::Deserializer::new(std::io::Cursor::new(payload));
     deserializer.set_max_depth(MAX_DEPTH);
     let batch = (&mut deserializer)
-        .deserialize_any(Lenient(BatchShape { on_event }))
+        .deserialize_any(Lenient(BatchShape { engine, on_event }))
         .map_err(BatchError::Msgpack)?;
     let header = match batch {
         Field::Value(header) => header?,
@@ -154,6 +202,10 @@ pub(crate) trait Shape<'de>: Sized {
     }
 
     fn str(self, _value: &str) -> Field<Self::Out> {
+        Field::Bad
+    }
+
+    fn bytes(self, _value: &[u8]) -> Field<Self::Out> {
         Field::Bad
     }
 
@@ -218,8 +270,8 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Lenient<S> {
     }
 
     /// Binaries, and strings that are not UTF-8 (rmp-serde offers those as bytes).
-    fn visit_bytes<E: de::Error>(self, _value: &[u8]) -> Result<Self::Value, E> {
-        Ok(Field::Bad)
+    fn visit_bytes<E: de::Error>(self, value: &[u8]) -> Result<Self::Value, E> {
+        Ok(self.0.bytes(value))
     }
 
     fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
@@ -339,24 +391,42 @@ impl Shape<'_> for KindShape {
     }
 }
 
-struct MediumShape;
+struct MediumShape(Engine);
 
 impl Shape<'_> for MediumShape {
     type Out = Medium;
 
     fn str(self, value: &str) -> Field<Medium> {
-        Field::Value(match value {
-            "GPU" => Medium::Gpu,
-            "CPU_PINNED" => Medium::CpuPinned,
-            "DISK" => Medium::Disk,
-            "EXTERNAL" => Medium::External,
-            other => Medium::Other(other.to_owned()),
+        Field::Value(match (self.0, value) {
+            (_, "GPU") => Medium::Gpu,
+            (Engine::Sglang, "CPU_PINNED") | (Engine::Vllm, "CPU") => Medium::Host,
+            (Engine::Sglang, "DISK") | (Engine::Vllm, "STORAGE") => Medium::Disk,
+            (Engine::Sglang, "EXTERNAL") => Medium::External,
+            (_, other) => Medium::Other(other.to_owned()),
         })
     }
 }
 
-/// A list of integers; one element of another shape (nil included) spoils the list.
-struct HashesShape;
+/// One block hash: an integer, or for vLLM also the raw digest ([`vllm_digest_hash`]).
+struct HashShape(Engine);
+
+impl Shape<'_> for HashShape {
+    type Out = i64;
+
+    fn int(self, value: i64) -> Field<i64> {
+        Field::Value(value)
+    }
+
+    fn bytes(self, value: &[u8]) -> Field<i64> {
+        match (self.0, vllm_digest_hash(value)) {
+            (Engine::Vllm, Some(hash)) => Field::Value(hash),
+            _ => Field::Bad,
+        }
+    }
+}
+
+/// A list of hashes; one element of another shape (nil included) spoils the list.
+struct HashesShape(Engine);
 
 impl<'de> Shape<'de> for HashesShape {
     type Out = Vec<i64>;
@@ -364,7 +434,7 @@ impl<'de> Shape<'de> for HashesShape {
     fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Field<Vec<i64>>, A::Error> {
         let mut hashes = prealloc(seq.size_hint());
         let mut all_ints = true;
-        while let Some(element) = seq.next_element_seed(Lenient(IntShape))? {
+        while let Some(element) = seq.next_element_seed(Lenient(HashShape(self.0)))? {
             match element {
                 Field::Value(hash) => hashes.push(hash),
                 Field::Missing | Field::Bad => all_ints = false,
@@ -440,6 +510,8 @@ enum Key {
     SessionId,
     LoraName,
     ComponentTypes,
+    GroupIdx,
+    SpecKind,
     Other,
 }
 
@@ -461,12 +533,14 @@ impl Shape<'_> for KeyShape {
             "session_id" => Key::SessionId,
             "lora_name" => Key::LoraName,
             "component_types" => Key::ComponentTypes,
+            "group_idx" => Key::GroupIdx,
+            "kv_cache_spec_kind" => Key::SpecKind,
             _ => Key::Other,
         })
     }
 }
 
-struct EventShape;
+struct EventShape(Engine);
 
 impl<'de> Shape<'de> for EventShape {
     type Out = RawEvent;
@@ -478,19 +552,20 @@ impl<'de> Shape<'de> for EventShape {
         if next_into(&mut seq, KindShape, &mut event.kind)? {
             let e = &mut event;
             let s = &mut seq;
+            let engine = self.0;
             match e.kind {
                 Field::Value(Kind::Stored) => {
-                    let _ = next_into(s, HashesShape, &mut e.block_hashes)?
-                        && next_into(s, IntShape, &mut e.parent_block_hash)?
+                    let _ = next_into(s, HashesShape(engine), &mut e.block_hashes)?
+                        && next_into(s, HashShape(engine), &mut e.parent_block_hash)?
                         && next_into(s, CountShape, &mut e.token_count)?
                         && next_into(s, IntShape, &mut e.block_size)?
                         && next_into(s, IntShape, &mut e.lora_id)?
-                        && next_into(s, MediumShape, &mut e.medium)?
+                        && next_into(s, MediumShape(engine), &mut e.medium)?
                         && next_into(s, LabelsShape, &mut e.component_mask)?;
                 }
                 Field::Value(Kind::Removed) => {
-                    let _ = next_into(s, HashesShape, &mut e.block_hashes)?
-                        && next_into(s, MediumShape, &mut e.medium)?;
+                    let _ = next_into(s, HashesShape(engine), &mut e.block_hashes)?
+                        && next_into(s, MediumShape(engine), &mut e.medium)?;
                 }
                 _ => {}
             }
@@ -502,6 +577,7 @@ impl<'de> Shape<'de> for EventShape {
     /// Map era: keys in any order, unknown keys skipped, a repeated key's last value wins.
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field<RawEvent>, A::Error> {
         let mut e = RawEvent::default();
+        let engine = self.0;
         while let Some(key) = map.next_key_seed(Lenient(KeyShape))? {
             let Field::Value(key) = key else {
                 map.next_value::<IgnoredAny>()?;
@@ -509,20 +585,24 @@ impl<'de> Shape<'de> for EventShape {
             };
             match key {
                 Key::Type => e.kind = map.next_value_seed(Lenient(KindShape))?,
-                Key::BlockHashes => e.block_hashes = map.next_value_seed(Lenient(HashesShape))?,
+                Key::BlockHashes => {
+                    e.block_hashes = map.next_value_seed(Lenient(HashesShape(engine)))?;
+                }
                 Key::ParentBlockHash => {
-                    e.parent_block_hash = map.next_value_seed(Lenient(IntShape))?;
+                    e.parent_block_hash = map.next_value_seed(Lenient(HashShape(engine)))?;
                 }
                 Key::TokenIds => e.token_count = map.next_value_seed(Lenient(CountShape))?,
                 Key::BlockSize => e.block_size = map.next_value_seed(Lenient(IntShape))?,
                 Key::LoraId => e.lora_id = map.next_value_seed(Lenient(IntShape))?,
-                Key::Medium => e.medium = map.next_value_seed(Lenient(MediumShape))?,
+                Key::Medium => e.medium = map.next_value_seed(Lenient(MediumShape(engine)))?,
                 Key::CacheSalt => e.cache_salt = map.next_value_seed(Lenient(StringShape))?,
                 Key::SessionId => e.session_id = map.next_value_seed(Lenient(StringShape))?,
                 Key::LoraName => e.lora_name = map.next_value_seed(Lenient(StringShape))?,
                 Key::ComponentTypes => {
                     e.component_mask = map.next_value_seed(Lenient(LabelsShape))?;
                 }
+                Key::GroupIdx => e.group_idx = map.next_value_seed(Lenient(IntShape))?,
+                Key::SpecKind => e.spec_kind = map.next_value_seed(Lenient(StringShape))?,
                 Key::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -534,6 +614,7 @@ impl<'de> Shape<'de> for EventShape {
 
 /// The events array: each element goes to the callback as soon as it is read.
 struct EventsShape<'f, F> {
+    engine: Engine,
     on_event: &'f mut F,
 }
 
@@ -541,7 +622,7 @@ impl<'de, F: FnMut(Field<RawEvent>)> Shape<'de> for EventsShape<'_, F> {
     type Out = ();
 
     fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Field<()>, A::Error> {
-        while let Some(event) = seq.next_element_seed(Lenient(EventShape))? {
+        while let Some(event) = seq.next_element_seed(Lenient(EventShape(self.engine)))? {
             (self.on_event)(event);
         }
         Ok(Field::Value(()))
@@ -551,6 +632,7 @@ impl<'de, F: FnMut(Field<RawEvent>)> Shape<'de> for EventsShape<'_, F> {
 /// `[ts, events, attn_dp_rank, ...]`. Its verdict is a value, so that the error stays typed
 /// rather than going through serde's string errors.
 struct BatchShape<F> {
+    engine: Engine,
     on_event: F,
 }
 
@@ -558,7 +640,7 @@ impl<'de, F: FnMut(Field<RawEvent>)> Shape<'de> for BatchShape<F> {
     type Out = Result<Header, BatchError>;
 
     fn seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Field<Self::Out>, A::Error> {
-        let verdict = read_batch_elements(&mut seq, &mut self.on_event)?;
+        let verdict = read_batch_elements(&mut seq, self.engine, &mut self.on_event)?;
         drain_seq(seq)?;
         Ok(Field::Value(verdict))
     }
@@ -566,6 +648,7 @@ impl<'de, F: FnMut(Field<RawEvent>)> Shape<'de> for BatchShape<F> {
 
 fn read_batch_elements<'de, A: SeqAccess<'de>, F: FnMut(Field<RawEvent>)>(
     seq: &mut A,
+    engine: Engine,
     on_event: &mut F,
 ) -> Result<Result<Header, BatchError>, A::Error> {
     let ts = match seq.next_element_seed(Lenient(NumberShape))? {
@@ -573,7 +656,7 @@ fn read_batch_elements<'de, A: SeqAccess<'de>, F: FnMut(Field<RawEvent>)>(
         Some(Field::Value(ts)) => ts,
         Some(Field::Missing | Field::Bad) => return Ok(Err(BatchError::BadTimestamp)),
     };
-    match seq.next_element_seed(Lenient(EventsShape { on_event }))? {
+    match seq.next_element_seed(Lenient(EventsShape { engine, on_event }))? {
         None => return Ok(Err(BatchError::TooShort { len: 1 })),
         Some(Field::Value(())) => {}
         Some(Field::Missing | Field::Bad) => return Ok(Err(BatchError::EventsNotAnArray)),

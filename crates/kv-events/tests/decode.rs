@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Mp, arr, batch, ints, map, plain_stored, s, stored_arr, stored_map};
-use kv_events::{DecodedBatch, Event, SkipReason, decode_batch};
+use kv_events::{DecodedBatch, Engine, Event, SkipReason, decode_batch, decode_engine_batch};
 use kv_index::Tier;
 
 /// What a payload must decode to: its events and skip reasons, or the batch error's label.
@@ -831,8 +831,136 @@ fn labels_every_skip_reason() {
             "unknown_event_type",
         ),
         (SkipReason::Malformed("x"), "malformed"),
+        (SkipReason::HybridGroup(1), "hybrid_group"),
+        (SkipReason::SpecKind("mamba".into()), "spec_kind"),
     ];
     for (reason, label) in reasons {
         assert_eq!(reason.reason(), label);
     }
+}
+
+/// What one vLLM map event decodes to, and whether the batch then hides a removal.
+fn vllm(entries: Vec<(&'static str, Mp)>) -> (Result<Event, SkipReason>, bool) {
+    let batch = decode_engine_batch(Engine::Vllm, &one_map(entries)).unwrap();
+    let hides = batch.hides_removal;
+    match (batch.events.as_slice(), batch.skipped.as_slice()) {
+        ([event], []) => (Ok(event.clone()), hides),
+        ([], [reason]) => (Err(reason.clone()), hides),
+        other => panic!("one event expected: {other:?}"),
+    }
+}
+
+fn vllm_removed(medium: Mp) -> Vec<(&'static str, Mp)> {
+    vec![
+        ("type", s("BlockRemoved")),
+        ("block_hashes", ints(&[2])),
+        ("medium", medium),
+    ]
+}
+
+#[test]
+fn vllm_media_groups_and_kinds() {
+    let store = |medium: Mp| with(stored_map(ints(&[2]), Mp::Nil, "GPU"), "medium", medium);
+    let tier_of = |medium: Mp| match vllm(store(medium)).0 {
+        Ok(Event::BlockStored(stored)) => Ok(stored.tier),
+        Ok(other) => panic!("{other:?}"),
+        Err(reason) => Err(reason),
+    };
+    assert_eq!(tier_of(s("GPU")), Ok(Tier::Hbm));
+    assert_eq!(tier_of(s("CPU")), Ok(Tier::Dram));
+    assert_eq!(tier_of(s("STORAGE")), Ok(Tier::Ssd));
+    assert_eq!(
+        tier_of(Mp::Nil),
+        Ok(Tier::Hbm),
+        "vLLM's optional medium is the GPU pool"
+    );
+    for sglang_only in ["CPU_PINNED", "DISK", "EXTERNAL"] {
+        assert_eq!(
+            tier_of(s(sglang_only)),
+            Err(SkipReason::UnknownMedium(sglang_only.into()))
+        );
+    }
+    // Group 0 and full or MLA attention are indexed; anything else is refused, and a hybrid
+    // model's group hides what its removals mean.
+    let grouped = |group: i64, kind: Option<&str>| {
+        let mut entries = with(store(s("GPU")), "group_idx", Mp::Int(group));
+        if let Some(kind) = kind {
+            entries.push(("kv_cache_spec_kind", s(kind)));
+        }
+        vllm(entries)
+    };
+    assert!(grouped(0, None).0.is_ok());
+    assert!(grouped(0, Some("full_attention")).0.is_ok());
+    assert!(grouped(0, Some("mla_attention")).0.is_ok());
+    assert_eq!(grouped(1, None), (Err(SkipReason::HybridGroup(1)), true));
+    assert_eq!(
+        grouped(0, Some("sliding_window")),
+        (Err(SkipReason::SpecKind("sliding_window".into())), false)
+    );
+    // A digest shorter than 8 bytes is no hash.
+    let short = vllm(with(
+        store(s("GPU")),
+        "block_hashes",
+        arr([Mp::Bin(vec![1; 7])]),
+    ));
+    assert!(
+        matches!(short, (Err(SkipReason::Malformed(_)), false)),
+        "{short:?}"
+    );
+    let digest = vllm(with(
+        store(s("GPU")),
+        "block_hashes",
+        arr([Mp::Bin((1..=32).collect())]),
+    ));
+    let Ok(Event::BlockStored(stored)) = digest.0 else {
+        panic!("{digest:?}")
+    };
+    assert_eq!(
+        stored.block_hashes,
+        vec![i64::from_be_bytes([25, 26, 27, 28, 29, 30, 31, 32])]
+    );
+}
+
+#[test]
+fn a_skipped_event_that_may_be_a_removal_hides_one() {
+    let removal = |medium: Mp| vllm(vllm_removed(medium));
+    assert_eq!(removal(s("GPU")).1, false);
+    assert_eq!(
+        removal(s("TAPE")),
+        (Err(SkipReason::UnknownMedium("TAPE".into())), true)
+    );
+    assert!(matches!(
+        removal(Mp::Int(3)),
+        (Err(SkipReason::Malformed(_)), true)
+    ));
+    let bad_hashes = with(vllm_removed(s("GPU")), "block_hashes", s("x"));
+    assert!(matches!(
+        vllm(bad_hashes),
+        (Err(SkipReason::Malformed(_)), true)
+    ));
+    let no_type = without(vllm_removed(s("GPU")), "type");
+    assert!(matches!(
+        vllm(no_type),
+        (Err(SkipReason::Malformed(_)), true)
+    ));
+    // A type this version does not know is a newer engine's addition, not a removal; a bad
+    // store is not one either.
+    let newer = with(vllm_removed(s("GPU")), "type", s("BlockPinned"));
+    assert_eq!(
+        vllm(newer),
+        (
+            Err(SkipReason::UnknownEventType("BlockPinned".into())),
+            false
+        )
+    );
+    let bad_store = with(stored_map(ints(&[2]), Mp::Nil, "GPU"), "block_size", s("x"));
+    assert!(matches!(
+        vllm(bad_store),
+        (Err(SkipReason::Malformed(_)), false)
+    ));
+    // SGLang follows the same rule.
+    let sglang = decode_batch(&one_map(vllm_removed(s("TAPE")))).unwrap();
+    assert!(sglang.hides_removal);
+    let external = decode_batch(&one_map(vllm_removed(s("EXTERNAL")))).unwrap();
+    assert!(!external.hides_removal, "EXTERNAL is never indexed");
 }

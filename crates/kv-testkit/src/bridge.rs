@@ -45,6 +45,18 @@ impl BridgeFlags {
         }
     }
 
+    /// Subscribes to `topic` instead of [`TOPIC`] ("" = every message).
+    pub fn topic(mut self, topic: &str) -> BridgeFlags {
+        let at = self
+            .argv
+            .iter()
+            .position(|a| a == "--event-topic")
+            .expect("set by new")
+            + 1;
+        self.argv[at] = topic.to_owned();
+        self
+    }
+
     /// Adds `name value`.
     pub fn flag(mut self, name: &str, value: &str) -> BridgeFlags {
         self.argv.extend([name.to_string(), value.to_string()]);

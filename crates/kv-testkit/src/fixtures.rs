@@ -39,3 +39,34 @@ pub fn payloads(name: &str) -> Vec<Vec<u8>> {
         .map(|row| unhex(row["payload_hex"].as_str().expect("payload_hex")))
         .collect()
 }
+
+/// The capture of vLLM 0.33.0's publisher (`fixtures/vllm-events-0.33.0.json`).
+pub fn vllm_events() -> Value {
+    let path = path("vllm-events-0.33.0.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
+    serde_json::from_str(&text).expect("the vLLM capture is JSON")
+}
+
+/// The frames of a captured message (`frames_hex`, or one reply of `reply_messages_hex`).
+pub fn hex_frames(frames: &Value) -> Vec<Vec<u8>> {
+    frames
+        .as_array()
+        .expect("an array of hex frames")
+        .iter()
+        .map(|frame| unhex(frame.as_str().expect("a hex frame")))
+        .collect()
+}
+
+/// A vLLM block hash as the capture wrote it (an unsigned int, or `{"$bytes": hex}` for a
+/// raw digest) in the index's signed field: the same bits, the digest's last 8 bytes.
+pub fn vllm_hash(value: &Value) -> i64 {
+    if let Some(hex) = value.get("$bytes").and_then(Value::as_str) {
+        let digest = unhex(hex);
+        let tail: [u8; 8] = digest[digest.len() - 8..].try_into().unwrap();
+        return i64::from_be_bytes(tail);
+    }
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("{value} is not an unsigned hash")) as i64
+}
