@@ -924,7 +924,7 @@ fn vllm_media_groups_and_kinds() {
 #[test]
 fn a_skipped_event_that_may_be_a_removal_hides_one() {
     let removal = |medium: Mp| vllm(vllm_removed(medium));
-    assert_eq!(removal(s("GPU")).1, false);
+    assert!(!removal(s("GPU")).1);
     assert_eq!(
         removal(s("TAPE")),
         (Err(SkipReason::UnknownMedium("TAPE".into())), true)

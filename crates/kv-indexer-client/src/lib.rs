@@ -4,6 +4,7 @@
 //! - [`hashing`]: SGLang's block hashes from token ids (SHA-256 chain, bigrams, salts).
 //! - [`vllm_hashing`]: vLLM's block hashes (sha256 over its pickle, sha256_cbor), and the one
 //!   rule mapping a vLLM event hash to the Indexer's i64.
+//! - [`block_hasher`]: [`BlockHasher`], one worker group's hashing, whichever engine.
 //! - [`tokenize`]: a deterministic word tokenizer for tools and simulations.
 //! - [`tokenizer`]: prompt text to token ids as SGLang encodes it (a Hugging Face
 //!   `tokenizer.json` with feature `hf`, else the word tokenizer), shared by the router and the
@@ -19,6 +20,7 @@
 //! - [`outcome`]: [`PrefixOutcome`] and the lookup answers; the one place that turns wire
 //!   answers and status codes into them.
 
+pub mod block_hasher;
 #[cfg(feature = "chat")]
 pub mod chat;
 pub mod client;
@@ -30,6 +32,7 @@ pub mod tokenize;
 pub mod tokenizer;
 pub mod vllm_hashing;
 
+pub use block_hasher::BlockHasher;
 pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES, ServingStatus};
 pub use endpoint::{Endpoint, EndpointError};
 pub use hashing::{HashConfig, block_hashes};

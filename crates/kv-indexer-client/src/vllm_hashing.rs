@@ -70,7 +70,7 @@ enum Value<'a> {
 }
 
 /// How a worker's vLLM engine hashes its blocks.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VllmHasher {
     algo: VllmHashAlgo,
     block_size: usize,
@@ -98,6 +98,15 @@ impl VllmHasher {
             block_size,
             none_hash,
         })
+    }
+
+    /// Tokens per block (vLLM's `--block-size`).
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn algo(&self) -> VllmHashAlgo {
+        self.algo
     }
 
     /// `NONE_HASH`: block 0's parent.

@@ -6,18 +6,33 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use kv_indexer_client::BlockHasher;
 use kv_indexer_client::hashing::HashConfig;
+use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 
 use crate::cache::CacheConfig;
 use crate::events::{Encoder, Encoding};
 use crate::publisher::{DropPolicy, PublisherConfig};
 use crate::timing::TimeModel;
 
-/// A simulated SGLang worker: SGLang's HTTP API over a paged prefix cache, publishing KV
-/// events on ZMQ exactly as SGLang does.
+/// A simulated SGLang (or vLLM) worker: the engine's HTTP API over a paged prefix cache,
+/// publishing KV events on ZMQ exactly as the engine does.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kv-indexer-sim", version)]
 pub struct Args {
+    /// The engine simulated: sglang (its API, events and hashes) or vllm (vLLM 0.33's OpenAI
+    /// API, events and block hashes).
+    #[arg(long, env = "KV_INDEXER_SIM_ENGINE", value_enum, default_value_t = EngineArg::Sglang)]
+    pub engine: EngineArg,
+
+    /// vLLM's --prefix-caching-hash-algo (sha256 or sha256_cbor), with --engine vllm.
+    #[arg(long, env = "KV_INDEXER_SIM_VLLM_HASH_ALGO", default_value = "sha256")]
+    pub vllm_hash_algo: VllmHashAlgo,
+
+    /// vLLM's PYTHONHASHSEED (seeds NONE_HASH), with --engine vllm; unset: vLLM's fixed seed.
+    #[arg(long, env = "KV_INDEXER_SIM_VLLM_HASH_SEED")]
+    pub vllm_hash_seed: Option<String>,
+
     /// HTTP listen address.
     #[arg(long, env = "KV_INDEXER_SIM_HOST", default_value = "127.0.0.1")]
     pub host: IpAddr,
@@ -138,6 +153,12 @@ pub struct Args {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    Sglang,
+    Vllm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EncodingArg {
     Map,
     Array,
@@ -188,6 +209,8 @@ pub struct Config {
     pub max_running: usize,
     pub stream_interval: usize,
     pub publisher: PublisherConfig,
+    /// A vLLM worker's hashing (its API, events and hashes); `None` for SGLang.
+    pub vllm: Option<VllmHasher>,
 }
 
 impl Default for Config {
@@ -212,6 +235,7 @@ impl Default for Config {
             max_running: 64,
             stream_interval: 1,
             publisher: PublisherConfig::default(),
+            vllm: None,
         }
     }
 }
@@ -234,9 +258,25 @@ impl Config {
             )?,
             decode_per_token: Duration::from_micros(args.decode_us_per_token),
         };
-        let encoding = match args.encoding {
-            EncodingArg::Map => Encoding::Map,
-            EncodingArg::Array => Encoding::Array,
+        let vllm = match args.engine {
+            EngineArg::Sglang => None,
+            EngineArg::Vllm => Some(
+                VllmHasher::new(
+                    args.vllm_hash_algo,
+                    args.page_size,
+                    args.vllm_hash_seed.as_deref(),
+                )
+                .map_err(|_| ConfigError {
+                    flag: "page-size",
+                    value: args.page_size.to_string(),
+                    reason: "vLLM's block size must be 1 to 4096",
+                })?,
+            ),
+        };
+        let encoding = match (args.engine, args.encoding) {
+            (EngineArg::Vllm, _) => Encoding::Vllm,
+            (EngineArg::Sglang, EncodingArg::Map) => Encoding::Map,
+            (EngineArg::Sglang, EncodingArg::Array) => Encoding::Array,
         };
         Ok(Config {
             http_addr: SocketAddr::new(args.host, args.port),
@@ -269,15 +309,24 @@ impl Config {
                     ..DropPolicy::default()
                 },
             },
+            vllm,
         })
     }
 
     /// How the engine hashes its pages (`block_size` = page size, dcp_size being 1).
-    pub fn hash(&self) -> HashConfig {
-        HashConfig {
-            block_size: self.cache.page_size,
-            bigram: self.speculative_algorithm.is_some(),
+    pub fn hash(&self) -> BlockHasher {
+        match self.vllm {
+            Some(hasher) => BlockHasher::Vllm(hasher),
+            None => BlockHasher::Sglang(HashConfig {
+                block_size: self.cache.page_size,
+                bigram: self.speculative_algorithm.is_some(),
+            }),
         }
+    }
+
+    /// `sglang` or `vllm`.
+    pub fn engine(&self) -> &'static str {
+        self.hash().engine()
     }
 }
 
@@ -342,6 +391,29 @@ fn validate(args: &Args) -> Result<(), ConfigError> {
             ));
         }
     }
+    if args.engine == EngineArg::Vllm {
+        if let Some(algorithm) = args.speculative_algorithm {
+            return Err(bad(
+                "speculative-algorithm",
+                &algorithm.as_str(),
+                "is SGLang's (bigram hashing); vLLM hashes blocks of tokens",
+            ));
+        }
+        if !args.component_types.is_empty() {
+            return Err(bad(
+                "component-types",
+                &args.component_types.join(","),
+                "are SGLang's; vLLM's hybrid groups are not simulated",
+            ));
+        }
+        if args.encoding == EncodingArg::Array {
+            return Err(bad(
+                "encoding",
+                &"array",
+                "is SGLang's array era; vLLM has one encoding",
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -368,10 +440,10 @@ mod tests {
         assert!(config.publisher.encoder.component_types.is_empty());
         assert_eq!(
             config.hash(),
-            HashConfig {
+            BlockHasher::Sglang(HashConfig {
                 block_size: 16,
                 bigram: false
-            }
+            })
         );
     }
 
@@ -418,7 +490,7 @@ mod tests {
         assert_eq!(config.publisher.encoder.encoding, Encoding::Array);
         assert_eq!(config.publisher.encoder.component_types, ["full", "swa"]);
         assert_eq!(config.publisher.drop.every, 5);
-        assert!(config.hash().bigram);
+        assert!(config.hash().bigram());
         assert_eq!(config.timing.prefill_per_token, Duration::from_micros(7));
         assert_eq!(
             config.timing.prefill_per_token_per_1k_context,

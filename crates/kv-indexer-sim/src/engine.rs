@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_indexer_client::BlockHasher;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -46,7 +46,7 @@ const FILLER_FIRST_ID: u64 = 50_000;
 
 #[derive(Debug, Clone, Copy)]
 pub struct EngineConfig {
-    pub hash: HashConfig,
+    pub hash: BlockHasher,
     pub timing: TimeModel,
     /// Requests running at once.
     pub max_running: usize,
@@ -249,7 +249,8 @@ impl Engine {
 
     /// The hashes of the prompt's whole pages and the tokens they cover.
     fn pages(&self, input_ids: &[u64]) -> (Vec<i64>, Vec<u64>) {
-        let HashConfig { block_size, bigram } = self.config.hash;
+        let block_size = self.config.hash.block_size();
+        let bigram = self.config.hash.bigram();
         let units = if bigram {
             input_ids.len().saturating_sub(1)
         } else {
@@ -258,13 +259,13 @@ impl Engine {
         let pages = units / block_size.max(1);
         let covered = (pages * block_size + usize::from(bigram && pages > 0)).min(input_ids.len());
         let tokens = input_ids[..covered].to_vec();
-        (block_hashes(&tokens, self.config.hash, None), tokens)
+        (self.config.hash.block_hashes(&tokens, None), tokens)
     }
 
     /// SGLang computes at least the prompt's last token, so a hit covers at most the whole
     /// pages of all tokens but the last.
     fn cached_tokens(&self, cached_pages: usize, prompt_tokens: usize) -> usize {
-        let block_size = self.config.hash.block_size.max(1);
+        let block_size = self.config.hash.block_size().max(1);
         let limit = prompt_tokens.saturating_sub(1) / block_size;
         cached_pages.min(limit) * block_size
     }

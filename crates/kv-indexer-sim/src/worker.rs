@@ -251,6 +251,7 @@ fn worker_info(config: &Config, endpoints: Endpoints) -> WorkerInfo {
         ip => ip,
     };
     WorkerInfo {
+        engine: config.engine(),
         model_path: config.model_path.clone(),
         tokenizer_path: config
             .tokenizer_path

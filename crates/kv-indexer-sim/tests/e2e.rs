@@ -1,5 +1,6 @@
 //! The simulated worker end to end with the real bridge and the real Indexer, in-process on
-//! loopback: HTTP `/generate` → cache → KV events on ZMQ → `bridge::run` → the server. After
+//! loopback: HTTP `/generate` (or vLLM's `/v1/completions` with `--engine vllm`) → cache → KV
+//! events on ZMQ → `bridge::run` → the server. After
 //! each step, and once the stream is quiet, the index's view of the worker (`MatchExternalKv`
 //! over every hash the prompts can make) is exactly the simulated cache's own view, per tier.
 
@@ -8,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_bridge::stats::Stats;
-use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_indexer_client::BlockHasher;
+use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_indexer_sim::events::{Encoding, Medium};
 use kv_indexer_sim::publisher::PublisherStats;
 use kv_indexer_sim::scheduler::SchedulerHandle;
@@ -26,20 +28,23 @@ const WORKER: &str = "worker-0";
 const PAGE: usize = 4;
 
 /// A bridge following `worker` (live and replay) for [`WORKER`] into `server`.
-fn bridge(server: &TestIndexer, worker: &Endpoints) -> RunningBridge {
+fn bridge(server: &TestIndexer, worker: &RunningWorker) -> RunningBridge {
+    let endpoints = &worker.endpoints;
     BridgeFlags::new(
         WORKER,
-        &worker.http_url(),
+        &endpoints.http_url(),
         &server.url(),
-        &worker.kv_events_url(),
+        &endpoints.kv_events_url(),
     )
-    .replay(worker.replay_url())
+    .replay(endpoints.replay_url())
+    .flag("--engine", worker.hasher.engine())
     .start()
 }
 
 /// A worker serving HTTP on loopback until stopped.
 struct RunningWorker {
     endpoints: Endpoints,
+    hasher: BlockHasher,
     scheduler: SchedulerHandle,
     publisher: Arc<PublisherStats>,
     stop: CancellationToken,
@@ -53,6 +58,7 @@ impl RunningWorker {
         let stop = CancellationToken::new();
         RunningWorker {
             endpoints: worker.endpoints(),
+            hasher: config.hash(),
             scheduler: worker.scheduler(),
             publisher: worker.publisher_stats(),
             task: tokio::spawn(worker.serve(stop.clone().cancelled_owned())),
@@ -87,13 +93,41 @@ impl RunningWorker {
         (status, response[split + 4..].to_vec())
     }
 
-    /// `/generate` of `prompt` with one token out; returns its `cached_tokens`.
+    /// `/generate` of `prompt` with one token out (vLLM: `/v1/completions`); returns its
+    /// `cached_tokens`.
     async fn generate(&self, prompt: &[u64]) -> u64 {
+        if let BlockHasher::Vllm(_) = self.hasher {
+            let body = json!({"prompt": prompt, "max_tokens": 1});
+            let (status, answer) = self.call("/v1/completions", &body).await;
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+            let answer: Value = serde_json::from_slice(&answer).unwrap();
+            return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap();
+        }
         let body = json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}});
         let (status, answer) = self.call("/generate", &body).await;
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
         let answer: Value = serde_json::from_slice(&answer).unwrap();
         answer["meta_info"]["cached_tokens"].as_u64().unwrap()
+    }
+
+    /// Drops the whole cache: SGLang's `/flush_cache`, vLLM's `/reset_prefix_cache`.
+    async fn flush(&self) {
+        let path = match self.hasher {
+            BlockHasher::Vllm(_) => "/reset_prefix_cache",
+            BlockHasher::Sglang(_) => "/flush_cache",
+        };
+        let (status, _) = self.call(path, &json!({})).await;
+        assert_eq!(status, 200);
+    }
+
+    /// Every hash the prompts can make: their whole pages.
+    fn universe(&self, prompts: &[Vec<u64>]) -> BTreeSet<i64> {
+        prompts
+            .iter()
+            .flat_map(|p| self.hasher.block_hashes(&p[..p.len() / PAGE * PAGE], None))
+            .collect()
     }
 
     /// The cache's own view, with the index's tier numbers.
@@ -111,18 +145,6 @@ impl RunningWorker {
             })
             .collect()
     }
-}
-
-/// Every hash the prompts can make: their whole pages.
-fn universe(prompts: &[Vec<u64>]) -> BTreeSet<i64> {
-    let hash = HashConfig {
-        block_size: PAGE,
-        bigram: false,
-    };
-    prompts
-        .iter()
-        .flat_map(|p| block_hashes(&p[..p.len() / PAGE * PAGE], hash, None))
-        .collect()
 }
 
 /// Waits until the index shows exactly the cache's view (polling, with a deadline).
@@ -160,7 +182,7 @@ async fn sync(server: &TestIndexer, worker: &RunningWorker) {
             .collect();
         worker.generate(&prompt).await;
         warmups.push(prompt);
-        let universe = universe(&warmups);
+        let universe = worker.universe(&warmups);
         let attempt = Instant::now();
         while attempt.elapsed() < Duration::from_millis(500) {
             if server.held(WORKER, &universe).await == worker.view().await {
@@ -173,9 +195,8 @@ async fn sync(server: &TestIndexer, worker: &RunningWorker) {
             "the bridge never followed the worker"
         );
     }
-    let (status, _) = worker.call("/flush_cache", &json!({})).await;
-    assert_eq!(status, 200);
-    let view = converge("warm-up flush", server, worker, &universe(&warmups)).await;
+    worker.flush().await;
+    let view = converge("warm-up flush", server, worker, &worker.universe(&warmups)).await;
     assert!(view.is_empty());
 }
 
@@ -192,11 +213,27 @@ fn config() -> Config {
     config
 }
 
+/// `config()` as a vLLM worker: vLLM's hashes, events and API.
+fn vllm(mut config: Config) -> Config {
+    config.vllm = Some(VllmHasher::new(VllmHashAlgo::Sha256, PAGE, None).unwrap());
+    config.publisher.encoder.encoding = Encoding::Vllm;
+    config
+}
+
 #[tokio::test]
 async fn the_index_follows_the_simulated_cache_through_evictions_host_moves_and_a_flush() {
+    follows_the_cache(config()).await;
+}
+
+#[tokio::test]
+async fn the_index_follows_a_simulated_vllm_worker_as_closely() {
+    follows_the_cache(vllm(config())).await;
+}
+
+async fn follows_the_cache(config: Config) {
     let mut server = TestIndexer::start().await;
-    let worker = RunningWorker::start(config()).await;
-    let bridge = bridge(&server, &worker.endpoints);
+    let worker = RunningWorker::start(config).await;
+    let bridge = bridge(&server, &worker);
     server.wait_for_workers(1).await;
     sync(&server, &worker).await;
     let gaps = Stats::get(&bridge.stats.gaps);
@@ -212,7 +249,7 @@ async fn the_index_follows_the_simulated_cache_through_evictions_host_moves_and_
         .collect();
     let late = vec![(5000..5010).collect::<Vec<u64>>()];
     let all: Vec<Vec<u64>> = [&branches[..], &others, &late].concat();
-    let universe = universe(&all);
+    let universe = worker.universe(&all);
 
     // 1. Prompts sharing a 3-page prefix: the later ones hit it.
     assert_eq!(worker.generate(&branches[0]).await, 0);
@@ -236,14 +273,10 @@ async fn the_index_follows_the_simulated_cache_through_evictions_host_moves_and_
     );
 
     // 3. A prompt whose pages are on the host: a hit, reloaded to the device.
-    let hash = HashConfig {
-        block_size: PAGE,
-        bigram: false,
-    };
     let on_host = all
         .iter()
         .find(|p| {
-            let first = block_hashes(&p[..PAGE], hash, None)[0];
+            let first = worker.hasher.block_hashes(&p[..PAGE], None)[0];
             view[&2].contains(&first)
         })
         .expect("a prompt starting on the host")
@@ -254,8 +287,7 @@ async fn the_index_follows_the_simulated_cache_through_evictions_host_moves_and_
     converge("host hit", &server, &worker, &universe).await;
 
     // 4. Flush: the index forgets everything.
-    let (status, _) = worker.call("/flush_cache", &json!({})).await;
-    assert_eq!(status, 200);
+    worker.flush().await;
     let view = converge("flush", &server, &worker, &universe).await;
     assert!(view.is_empty());
 
@@ -272,19 +304,29 @@ async fn the_index_follows_the_simulated_cache_through_evictions_host_moves_and_
 
 #[tokio::test]
 async fn lost_messages_are_healed_from_the_replay_buffer() {
-    let mut server = TestIndexer::start().await;
+    // Array-era events.
     let mut config = config();
-    // Array-era events, and messages 1, 2 and 4 lost on the live path.
     config.publisher.encoder.encoding = Encoding::Array;
+    heals_lost_messages(config).await;
+}
+
+#[tokio::test]
+async fn lost_vllm_messages_are_healed_from_the_replay_buffer() {
+    heals_lost_messages(vllm(config())).await;
+}
+
+/// Messages 1, 2 and 4 lost on the live path.
+async fn heals_lost_messages(mut config: Config) {
+    let mut server = TestIndexer::start().await;
     config.publisher.drop.seqs = [1, 2, 4].into();
     let worker = RunningWorker::start(config).await;
-    let bridge = bridge(&server, &worker.endpoints);
+    let bridge = bridge(&server, &worker);
     server.wait_for_workers(1).await;
 
     // Eight prompts, each a new batch (seqs 0..=7), evicting to the host as they go. (No
     // warm-up here: the bridge heals from the replay buffer whatever the live stream lost.)
     let prompts: Vec<Vec<u64>> = (1..=8).map(|k| (k * 100..k * 100 + 12).collect()).collect();
-    let universe = universe(&prompts);
+    let universe = worker.universe(&prompts);
     for prompt in &prompts {
         assert_eq!(worker.generate(prompt).await, 0);
     }

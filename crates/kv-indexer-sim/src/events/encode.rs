@@ -5,6 +5,10 @@
 //!
 //! Integers take their most compact msgpack form, non-negative ones unsigned and negative ones
 //! signed, as msgspec writes them (`rmp::encode::write_sint` does the same).
+//!
+//! [`Encoding::Vllm`] writes vLLM 0.33's `KVEventBatch` instead (`scripts/vllm/FACTS.md`): map
+//! events keyed in the struct's order with `group_idx` 0, as its GPU block pool emits them,
+//! media `GPU`/`CPU`, and block hashes as vLLM's unsigned ints (the bits of our i64).
 
 use super::{BlockRemoved, BlockStored, Event};
 use rmp::encode;
@@ -17,6 +21,8 @@ pub enum Encoding {
     Map,
     /// `["BlockStored", block_hashes, ...]` (SGLang up to 0.5.18).
     Array,
+    /// vLLM 0.33: `{"type": "BlockStored", ..., "lora_name": nil, "group_idx": 0}`.
+    Vllm,
 }
 
 /// Encodes batches. With `component_types` labels set, every `BlockStored` carries them, as
@@ -63,6 +69,7 @@ impl Encoder {
             match self.encoding {
                 Encoding::Map => self.map_event(event, out),
                 Encoding::Array => self.array_event(event, out),
+                Encoding::Vllm => vllm_event(event, out),
             }
         }
         write_opt_int(out, attn_dp_rank);
@@ -167,6 +174,72 @@ impl Encoder {
         for label in &self.component_types {
             write_str(out, label);
         }
+    }
+}
+
+/// One event as vLLM's `BlockPool` has msgspec write it: every required field (nil when
+/// None), the defaulted ones omitted but `group_idx`, which the pool always sets.
+fn vllm_event(event: &Event, out: &mut Vec<u8>) {
+    match event {
+        Event::BlockStored(stored) => {
+            // msgspec sizes a struct's map header by its field count, not by the fields
+            // written: `BlockStored` has 16 with the tag, so even 9 keys get a map16 header.
+            out.push(0xde);
+            out.extend_from_slice(&9u16.to_be_bytes());
+            key(out, "type", |out| write_str(out, "BlockStored"));
+            key(out, "block_hashes", |out| {
+                write_vllm_hashes(out, &stored.block_hashes);
+            });
+            key(out, "parent_block_hash", |out| {
+                match stored.parent_block_hash {
+                    Some(hash) => {
+                        ok(encode::write_uint(out, hash as u64));
+                    }
+                    None => ok(encode::write_nil(out)),
+                }
+            });
+            key(out, "token_ids", |out| write_tokens(out, &stored.token_ids));
+            key(out, "block_size", |out| {
+                ok(encode::write_uint(out, u64::from(stored.block_size)));
+            });
+            key(out, "lora_id", |out| write_opt_int(out, stored.lora_id));
+            key(out, "medium", |out| {
+                write_str(out, stored.medium.vllm_str())
+            });
+            key(out, "lora_name", |out| match &stored.lora_name {
+                Some(name) => write_str(out, name),
+                None => ok(encode::write_nil(out)),
+            });
+            key(out, "group_idx", |out| {
+                ok(encode::write_uint(out, 0));
+            });
+        }
+        Event::BlockRemoved(BlockRemoved {
+            block_hashes,
+            medium,
+        }) => {
+            ok(encode::write_map_len(out, 4));
+            key(out, "type", |out| write_str(out, "BlockRemoved"));
+            key(out, "block_hashes", |out| {
+                write_vllm_hashes(out, block_hashes)
+            });
+            key(out, "medium", |out| write_str(out, medium.vllm_str()));
+            key(out, "group_idx", |out| {
+                ok(encode::write_uint(out, 0));
+            });
+        }
+        Event::AllBlocksCleared => {
+            ok(encode::write_map_len(out, 1));
+            key(out, "type", |out| write_str(out, "AllBlocksCleared"));
+        }
+    }
+}
+
+/// vLLM's int hashes are unsigned (the digest's last 8 bytes), so ours go out as their bits.
+fn write_vllm_hashes(out: &mut Vec<u8>, hashes: &[i64]) {
+    ok(encode::write_array_len(out, len32(hashes.len())));
+    for &hash in hashes {
+        ok(encode::write_uint(out, hash as u64));
     }
 }
 

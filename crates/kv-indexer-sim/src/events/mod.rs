@@ -24,6 +24,14 @@ impl Medium {
             Medium::CpuPinned => "CPU_PINNED",
         }
     }
+
+    /// vLLM's name: `"GPU"`, or `"CPU"` for its CPU offloading tier.
+    pub fn vllm_str(self) -> &'static str {
+        match self {
+            Medium::Gpu => "GPU",
+            Medium::CpuPinned => "CPU",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,6 +12,10 @@
 //!   on what they sent themselves;
 //! - `GET /cache_view`: not SGLang's; the cache's own view (block hashes held per tier, as
 //!   published so far), for tests that compare an index with the worker;
+//! - with `--engine vllm`, vLLM's API instead of SGLang's: the OpenAI routes, `GET /v1/models`
+//!   (`owned_by: vllm`), `GET /health`, `POST /reset_prefix_cache`, and `GET /metrics` with
+//!   vLLM's `vllm:num_requests_running` and `vllm:num_requests_waiting` gauges (what routers
+//!   poll for load); none of SGLang's native routes;
 //! - `POST /cache_prefix`: not SGLang's either; `{"hashes": [...]}` (a prompt's chained page
 //!   hashes) answers how many leading pages the cache holds on the device and then on the host,
 //!   the router's perfect-knowledge source in benchmarks (`--cache-prefix-provider oracle`).
@@ -48,6 +52,8 @@ use crate::scheduler::FlushError;
 /// What `/server_info` and `/get_model_info` describe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerInfo {
+    /// `sglang` or `vllm`: whose API is served.
+    pub engine: &'static str,
     pub model_path: String,
     pub tokenizer_path: Option<String>,
     pub page_size: usize,
@@ -80,18 +86,26 @@ pub struct AppState {
 const MAX_BODY_BYTES: usize = 64 << 20;
 
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/generate", post(native::generate))
+    let common = Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/server_info", get(server_info))
-        .route("/get_server_info", get(server_info))
-        .route("/get_model_info", get(model_info))
         .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/health_generate", get(health))
-        .route("/get_load", get(get_load))
-        .route("/flush_cache", get(flush_cache).post(flush_cache))
+        .route("/health", get(health));
+    let engine = if state.info.engine == "vllm" {
+        common
+            .route("/metrics", get(vllm_metrics))
+            .route("/reset_prefix_cache", post(reset_prefix_cache))
+    } else {
+        common
+            .route("/generate", post(native::generate))
+            .route("/server_info", get(server_info))
+            .route("/get_server_info", get(server_info))
+            .route("/get_model_info", get(model_info))
+            .route("/health_generate", get(health))
+            .route("/get_load", get(get_load))
+            .route("/flush_cache", get(flush_cache).post(flush_cache))
+    };
+    engine
         .route("/cache_view", get(cache_view))
         .route("/cache_prefix", post(cache_prefix))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -347,7 +361,7 @@ async fn models(State(state): State<AppState>) -> Json<Value> {
             "id": state.info.model_path,
             "object": "model",
             "created": unix_seconds() as u64,
-            "owned_by": "sglang",
+            "owned_by": state.info.engine,
             "root": state.info.model_path,
             "max_model_len": state.info.context_length,
         }],
@@ -368,6 +382,33 @@ async fn get_load(State(state): State<AppState>) -> Json<Value> {
         "num_tokens": load.tokens,
         "num_waiting_uncached_tokens": load.waiting_uncached_tokens,
     }]))
+}
+
+/// vLLM's scheduler gauges, in Prometheus text as its `/metrics` writes them (the rest of its
+/// metrics are not simulated).
+async fn vllm_metrics(State(state): State<AppState>) -> String {
+    let load = state.engine.load();
+    let model = &state.info.model_path;
+    let running = load.requests - load.waiting;
+    format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"{model}\"}} {running}.0\n\
+         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"{model}\"}} {}.0\n",
+        load.waiting
+    )
+}
+
+/// vLLM's `POST /reset_prefix_cache`: 200 when reset, 400 while requests run (the simulated
+/// cache, like SGLang's, will not drop pinned pages).
+async fn reset_prefix_cache(State(state): State<AppState>) -> Result<StatusCode, HttpError> {
+    match state.engine.scheduler().flush().await {
+        Ok(()) => Ok(StatusCode::OK),
+        Err(FlushError::Busy(_)) => Ok(StatusCode::BAD_REQUEST),
+        Err(FlushError::Stopped(_)) => Err(HttpError::Stopped),
+    }
 }
 
 /// SGLang's text, and its codes: 200 when flushed, 400 when requests are running.
