@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use futures_util::StreamExt;
 use kv_common::telemetry::Metrics;
+use kv_indexer_client::BlockHasher;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::hashing::HashConfig;
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
@@ -32,7 +33,7 @@ pub struct AppState {
     pub tokenizer: Tokenizer,
     /// The model's chat template (`tokenizer_config.json` beside the tokenizer), if any.
     pub chat: Option<ChatTemplate>,
-    pub hashing: Arc<RwLock<Option<HashConfig>>>,
+    pub hashing: Arc<RwLock<Option<BlockHasher>>>,
     /// Renders `/metrics`; `None` answers 404.
     pub metrics: Option<Metrics>,
     pub observe: RequestMetrics,
@@ -187,7 +188,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Result<axum::Json<Value>,
     if routable == 0 {
         return Err(AppError::NoHealthyWorker { workers });
     }
-    let block_size = state.hashing.read().map(|hashing| hashing.block_size);
+    let block_size = state.hashing.read().map(|hashing| hashing.block_size());
     Ok(axum::Json(serde_json::json!({
         "status": "ok",
         "workers": workers,
@@ -358,10 +359,10 @@ pub async fn learn_hashing(state: Arc<AppState>, every: Duration) {
                 info["speculative_algorithm"].as_str(),
                 Some("EAGLE" | "EAGLE3" | "FROZEN_KV_MTP")
             );
-            let config = HashConfig {
+            let config = BlockHasher::Sglang(HashConfig {
                 block_size: block_size as usize,
                 bigram,
-            };
+            });
             match learned {
                 None => {
                     info!(url = %worker.url, block_size, bigram, "learned block hashing from the first worker");

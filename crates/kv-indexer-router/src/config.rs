@@ -5,9 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use kv_indexer_client::BlockHasher;
 use kv_indexer_client::ClientSecurity;
 use kv_indexer_client::SecurityError;
 use kv_indexer_client::endpoint::{Endpoint, EndpointError};
+use kv_indexer_client::vllm_hashing::{BadBlockSize, VllmHashAlgo, VllmHasher};
 
 use crate::selection::{Selection, TierWeights};
 
@@ -143,13 +145,35 @@ pub struct Args {
     /// Seconds between worker health checks.
     #[arg(long, env = "KV_ROUTER_HEALTH_INTERVAL_SECS", default_value_t = 2)]
     pub health_interval_secs: u64,
-    /// Milliseconds between polls of every worker's `GET /get_load`, so that routing by load
-    /// sees what other routers sent too (0: count only what this router sent).
+    /// The workers' engine: sglang (block hashing learned from the first worker's
+    /// `/server_info`) or vllm (hashing from the --vllm-* flags, as vLLM cannot tell it).
+    /// Workers of two engines need a router each; both can share one Indexer.
+    #[arg(long, env = "KV_ROUTER_ENGINE", value_enum, default_value_t = Engine::Sglang)]
+    pub engine: Engine,
+    /// vLLM's --block-size on the workers (with --engine vllm).
+    #[arg(long, env = "KV_ROUTER_VLLM_BLOCK_SIZE", default_value_t = 16)]
+    pub vllm_block_size: usize,
+    /// vLLM's --prefix-caching-hash-algo on the workers: sha256 or sha256_cbor (xxhash's seed
+    /// is random per process unless PYTHONHASHSEED is set, so no router can follow it).
+    #[arg(long, env = "KV_ROUTER_VLLM_HASH_ALGO", default_value = "sha256")]
+    pub vllm_hash_algo: VllmHashAlgo,
+    /// The workers' PYTHONHASHSEED, which seeds vLLM's NONE_HASH (unset: vLLM's fixed seed).
+    #[arg(long, env = "KV_ROUTER_VLLM_HASH_SEED")]
+    pub vllm_hash_seed: Option<String>,
+    /// Milliseconds between polls of every worker's load (SGLang's `GET /get_load`, vLLM's
+    /// running and waiting gauges on `GET /metrics`), so that routing by load sees what other
+    /// routers sent too (0: count only what this router sent).
     #[arg(long, env = "KV_ROUTER_WORKER_LOAD_INTERVAL_MS", default_value_t = 100)]
     pub worker_load_interval_ms: u64,
     /// TLS and the read token for the Indexer.
     #[command(flatten)]
     pub indexer_security: ClientSecurity,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    Sglang,
+    Vllm,
 }
 
 /// The validated settings.
@@ -172,6 +196,8 @@ pub struct RouterConfig {
     pub health_interval: Duration,
     /// `None`: the workers' load reports are not polled.
     pub worker_load_interval: Option<Duration>,
+    /// The workers' block hashing when the flags fix it (vLLM); `None`: learned (SGLang).
+    pub hashing: Option<BlockHasher>,
     pub indexer_security: ClientSecurity,
 }
 
@@ -192,6 +218,8 @@ pub enum ConfigError {
     Security(#[source] SecurityError),
     #[error("--worker-urls (KV_ROUTER_WORKER_URLS): {url:?} is not an http(s)://host:port URL")]
     WorkerUrl { url: String },
+    #[error("--vllm-block-size (KV_ROUTER_VLLM_BLOCK_SIZE)")]
+    VllmBlockSize(#[source] BadBlockSize),
     #[error("--{flag} ({variable}) {value}: {reason}")]
     OutOfRange {
         flag: &'static str,
@@ -228,6 +256,17 @@ impl RouterConfig {
             }
         }
         let selection = selection(args)?;
+        let hashing = match args.engine {
+            Engine::Sglang => None,
+            Engine::Vllm => Some(BlockHasher::Vllm(
+                VllmHasher::new(
+                    args.vllm_hash_algo,
+                    args.vllm_block_size,
+                    args.vllm_hash_seed.as_deref(),
+                )
+                .map_err(ConfigError::VllmBlockSize)?,
+            )),
+        };
         Ok(RouterConfig {
             worker_urls: args.worker_urls.clone(),
             policy: args.policy,
@@ -247,6 +286,7 @@ impl RouterConfig {
             worker_load_interval: (args.worker_load_interval_ms > 0)
                 .then(|| Duration::from_millis(args.worker_load_interval_ms)),
             indexer_security: args.indexer_security.clone(),
+            hashing,
         })
     }
 }
@@ -347,6 +387,35 @@ mod tests {
         full.extend_from_slice(argv);
         let args = Args::try_parse_from(full).map_err(|e| e.to_string())?;
         RouterConfig::from_args(&args).map_err(|error| kv_common::error_chain(&error))
+    }
+
+    #[test]
+    fn the_vllm_engine_fixes_its_hashing_from_the_flags() {
+        let workers = ["--worker-urls", "http://a:1"];
+        let config = |extra: &[&str]| config(&[&workers[..], extra].concat());
+        let sglang = config(&[]).unwrap();
+        assert_eq!(sglang.hashing, None, "SGLang's is learned from the workers");
+        let vllm = config(&[
+            "--engine",
+            "vllm",
+            "--vllm-block-size",
+            "32",
+            "--vllm-hash-seed",
+            "0",
+        ])
+        .unwrap();
+        let expected = VllmHasher::new(VllmHashAlgo::Sha256, 32, Some("0")).unwrap();
+        assert_eq!(vllm.hashing, Some(BlockHasher::Vllm(expected)));
+        let error = config(&["--engine", "vllm", "--vllm-block-size", "0"]).unwrap_err();
+        assert!(
+            error.contains("--vllm-block-size (KV_ROUTER_VLLM_BLOCK_SIZE)"),
+            "{error}"
+        );
+        let error = config(&["--engine", "vllm", "--vllm-hash-algo", "xxhash"]).unwrap_err();
+        assert!(
+            error.contains("not a reproducible vLLM hash algorithm"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ use axum::serve::ListenerExt;
 use kv_common::telemetry::Metrics;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
-use kv_indexer_client::{ClientConfig, ClientError, IndexerClient};
+use kv_indexer_client::{BlockHasher, ClientConfig, ClientError, IndexerClient};
 use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 
@@ -46,7 +46,7 @@ use crate::config::{PolicyName, PrefixProvider, RouterConfig, TOKENIZER_SETTING}
 use crate::observe::{IndexerMetrics, RequestMetrics};
 use crate::policy::{CacheAware, Policy, PrefixSource};
 use crate::radix::RadixTree;
-use crate::workers::{Recheck, Workers};
+use crate::workers::{LoadSource, Recheck, Workers};
 
 /// Why the router cannot start or stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +71,7 @@ pub fn state(
     metrics: Option<Metrics>,
 ) -> Result<Arc<AppState>, RouterError> {
     observe::describe();
-    let hashing = Arc::new(RwLock::new(None));
+    let hashing = Arc::new(RwLock::new(config.hashing));
     let http = reqwest::Client::builder()
         .build()
         .map_err(RouterError::HttpClient)?;
@@ -157,7 +157,8 @@ pub async fn run(
             }
         });
     }
-    {
+    // SGLang's hashing is learned from its workers; vLLM's was given by the flags.
+    if config.hashing.is_none() {
         let (state, every, stop) = (state.clone(), config.health_interval, stop.clone());
         background.spawn(async move {
             tokio::select! {
@@ -168,10 +169,14 @@ pub async fn run(
     }
     if let Some(every) = config.worker_load_interval {
         let (workers, http, stop) = (state.workers.clone(), state.http.clone(), stop.clone());
+        let source = match config.hashing {
+            Some(BlockHasher::Vllm(_)) => LoadSource::VllmMetrics,
+            _ => LoadSource::SglangGetLoad,
+        };
         background.spawn(async move {
             tokio::select! {
                 () = stop.cancelled() => {}
-                () = workers::poll_loads(workers, http, every) => {}
+                () = workers::poll_loads(workers, http, every, source) => {}
             }
         });
     }

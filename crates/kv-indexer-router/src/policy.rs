@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_indexer_client::BlockHasher;
 use kv_indexer_client::{IndexerClient, PrefixMatch, PrefixOutcome};
 use parking_lot::{Mutex, RwLock};
 use rand::Rng;
@@ -152,7 +152,7 @@ pub enum PrefixSource {
 pub struct CacheAware {
     pub source: PrefixSource,
     /// Learned from the first worker's `/server_info` (the exact sources hash with it).
-    pub hashing: Arc<RwLock<Option<HashConfig>>>,
+    pub hashing: Arc<RwLock<Option<BlockHasher>>>,
     /// The radix tree: the source itself for [`PrefixSource::Radix`], else the conversation
     /// affinity signal (`None`: affinity off).
     pub tree: Option<Mutex<RadixTree>>,
@@ -457,7 +457,7 @@ impl CacheAware {
         let Some(config) = *self.hashing.read() else {
             return Ok(Exact::none(Reason::HashingUnknown));
         };
-        let hashes = block_hashes(tokens, config, None);
+        let hashes = config.block_hashes(tokens, None);
         match source {
             PrefixSource::Indexer {
                 client,
@@ -472,7 +472,7 @@ impl CacheAware {
                 metrics.query(outcome.label(), start.elapsed().as_secs_f64());
                 let asked = Asked {
                     prompt_tokens: tokens.len(),
-                    block_size: config.block_size,
+                    block_size: config.block_size(),
                     hashed_blocks: hashes.len(),
                 };
                 let mut exact = self.indexer_answer(workers, asked, outcome)?;
@@ -493,8 +493,8 @@ impl CacheAware {
                             .selection
                             .weights
                             .weigh(
-                                prefix.device_pages * config.block_size,
-                                prefix.host_pages * config.block_size,
+                                prefix.device_pages * config.block_size(),
+                                prefix.host_pages * config.block_size(),
                             )
                             .min(tokens.len()),
                     })

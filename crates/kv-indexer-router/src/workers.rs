@@ -64,15 +64,48 @@ pub struct Reported {
     routed_tokens_at_send: usize,
 }
 
+/// Where a worker reports its load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadSource {
+    /// SGLang's `GET /get_load`: a list of ranks.
+    SglangGetLoad,
+    /// vLLM's `GET /metrics`: the `vllm:num_requests_running` and `vllm:num_requests_waiting`
+    /// gauges (summed over engines).
+    VllmMetrics,
+}
+
+impl LoadSource {
+    fn path(self) -> &'static str {
+        match self {
+            LoadSource::SglangGetLoad => "/get_load",
+            LoadSource::VllmMetrics => "/metrics",
+        }
+    }
+
+    /// `(requests, queued prefill tokens)` from the body.
+    fn parse(self, body: &[u8]) -> Result<(usize, Option<usize>), LoadReportError> {
+        match self {
+            LoadSource::SglangGetLoad => {
+                let body: Value = serde_json::from_slice(body)
+                    .map_err(|error| LoadReportError::Shape(format!("not JSON: {error}")))?;
+                Reported::parse(&body)
+            }
+            LoadSource::VllmMetrics => Reported::parse_vllm(&String::from_utf8_lossy(body)),
+        }
+    }
+}
+
 /// Why a load report cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadReportError {
-    #[error("GET /get_load failed")]
+    #[error("the load report's GET failed")]
     Request(#[source] reqwest::Error),
-    #[error("GET /get_load answered {0}")]
+    #[error("the load report's GET answered {0}")]
     Status(reqwest::StatusCode),
     #[error("GET /get_load is not a list of ranks, each with a non-negative num_reqs ({0})")]
     Shape(String),
+    #[error("GET /metrics has no vllm:num_requests_running and vllm:num_requests_waiting gauges")]
+    NoVllmGauges,
 }
 
 impl Reported {
@@ -90,6 +123,34 @@ impl Reported {
                 .map(|(sum, n)| sum.saturating_add(n));
         }
         Ok((requests, pressure))
+    }
+
+    /// `(running + waiting requests, None)` from vLLM's Prometheus text, summed over its
+    /// series (one per engine); both gauges must be there.
+    pub fn parse_vllm(text: &str) -> Result<(usize, Option<usize>), LoadReportError> {
+        let mut found = [false; 2];
+        let mut requests = 0usize;
+        for line in text.lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let name = series.split('{').next().unwrap_or(series);
+            let gauge = match name {
+                "vllm:num_requests_running" => 0,
+                "vllm:num_requests_waiting" => 1,
+                _ => continue,
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            found[gauge] = true;
+            requests = requests.saturating_add(value.max(0.0) as usize);
+        }
+        if found == [true, true] {
+            Ok((requests, None))
+        } else {
+            Err(LoadReportError::NoVllmGauges)
+        }
     }
 }
 
@@ -168,12 +229,13 @@ impl Worker {
         &self,
         http: &reqwest::Client,
         timeout: Duration,
+        source: LoadSource,
     ) -> Result<Reported, LoadReportError> {
         let routed_at_send = self.routed.load(Ordering::Relaxed);
         let routed_tokens_at_send = self.routed_tokens.load(Ordering::Relaxed);
         let answer = async {
             let response = http
-                .get(format!("{}/get_load", self.url))
+                .get(format!("{}{}", self.url, source.path()))
                 .timeout(timeout)
                 .send()
                 .await
@@ -182,9 +244,7 @@ impl Worker {
                 return Err(LoadReportError::Status(response.status()));
             }
             let bytes = response.bytes().await.map_err(LoadReportError::Request)?;
-            let body: Value = serde_json::from_slice(&bytes)
-                .map_err(|error| LoadReportError::Shape(format!("not JSON: {error}")))?;
-            Reported::parse(&body)
+            source.parse(&bytes)
         }
         .await;
         let report = answer.map(|(requests, pressure)| Reported {
@@ -313,7 +373,12 @@ impl Workers {
 
 /// Polls every worker's load every `every` until cancelled; a worker whose poll fails is
 /// logged when it starts and stops failing, and counted each time.
-pub async fn poll_loads(workers: Arc<Workers>, http: reqwest::Client, every: Duration) {
+pub async fn poll_loads(
+    workers: Arc<Workers>,
+    http: reqwest::Client,
+    every: Duration,
+    source: LoadSource,
+) {
     let mut failing = vec![false; workers.list.len()];
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -322,7 +387,7 @@ pub async fn poll_loads(workers: Arc<Workers>, http: reqwest::Client, every: Dur
         let polls = workers
             .list
             .iter()
-            .map(|w| w.poll_load(&http, every.max(Duration::from_millis(50))));
+            .map(|w| w.poll_load(&http, every.max(Duration::from_millis(50)), source));
         let results = futures_util::future::join_all(polls).await;
         for ((worker, result), failed) in workers.list.iter().zip(results).zip(&mut failing) {
             match (result, *failed) {
@@ -398,6 +463,24 @@ mod tests {
         ] {
             let error = Reported::parse(&bad).unwrap_err().to_string();
             assert!(error.contains("num_reqs"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_vllm_load_report_sums_its_gauges_over_engines() {
+        let two_engines = "# HELP vllm:num_requests_running Number of requests.\n\
+            # TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 1.0\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
+            vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 0.0\n\
+            vllm:num_requests_waiting_by_reason{reason=\"capacity\"} 9.0\n";
+        assert_eq!(Reported::parse_vllm(two_engines).unwrap(), (6, None));
+        let source = LoadSource::VllmMetrics;
+        assert_eq!(source.parse(two_engines.as_bytes()).unwrap(), (6, None));
+        for missing in ["", "vllm:num_requests_running 1.0\n", "other_metric 2\n"] {
+            let error = Reported::parse_vllm(missing).unwrap_err().to_string();
+            assert!(error.contains("vllm:num_requests_waiting"), "{error}");
         }
     }
 

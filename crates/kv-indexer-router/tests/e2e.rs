@@ -10,9 +10,12 @@ use std::sync::Arc;
 use clap::Parser;
 use kv_bridge as bridge;
 use kv_bridge::stats::Stats;
+use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_indexer_router::config::{Args, RouterConfig};
 use kv_indexer_router::policy::Policy;
+use kv_indexer_sim::events::Encoding;
 use kv_indexer_sim::{Config as SimConfig, Listeners, Worker};
+use kv_testkit::indexer::prefix_request;
 use kv_testkit::{BridgeFlags, TestIndexer, wait};
 use serde_json::{Value, json};
 use test_router::TestRouter;
@@ -33,6 +36,25 @@ async fn fleet(n: usize, address: impl Fn(&str) -> String) -> Fleet {
 async fn fleet_of(n: usize, address: impl Fn(&str) -> String, sim: &SimConfig) -> Fleet {
     let indexer = TestIndexer::start().await;
     let stop = CancellationToken::new();
+    let workers = start_workers(&indexer, &stop, "sim", n, address, sim).await;
+    Fleet {
+        indexer,
+        workers,
+        stop,
+    }
+}
+
+/// `n` workers started with `sim`, named `{name}-{i}`, and a bridge for each into `indexer`
+/// (told the worker's engine); returns their URLs once the index knows them all.
+async fn start_workers(
+    indexer: &TestIndexer,
+    stop: &CancellationToken,
+    name: &str,
+    n: usize,
+    address: impl Fn(&str) -> String,
+    sim: &SimConfig,
+) -> Vec<String> {
+    let known = indexer.shared.index_stats().workers;
     let mut workers = Vec::new();
     for i in 0..n {
         let config = sim.clone();
@@ -42,11 +64,12 @@ async fn fleet_of(n: usize, address: impl Fn(&str) -> String, sim: &SimConfig) -
         let endpoints = worker.endpoints();
         tokio::spawn(worker.serve(stop.clone().cancelled_owned()));
         let flags = BridgeFlags::new(
-            &format!("sim-{i}"),
+            &format!("{name}-{i}"),
             &address(&endpoints.http_url()),
             &indexer.url(),
             &endpoints.kv_events_url(),
-        );
+        )
+        .flag("--engine", config.engine());
         tokio::spawn(bridge::run(
             flags.config(),
             Arc::new(Stats::default()),
@@ -55,12 +78,8 @@ async fn fleet_of(n: usize, address: impl Fn(&str) -> String, sim: &SimConfig) -
         workers.push(endpoints.http_url());
     }
     // Every bridge has registered its worker (its start-up clear reached the index).
-    indexer.wait_for_workers(n).await;
-    Fleet {
-        indexer,
-        workers,
-        stop,
-    }
+    indexer.wait_for_workers(known + n).await;
+    workers
 }
 
 async fn router(fleet: &Fleet) -> TestRouter {
@@ -417,5 +436,107 @@ async fn a_chat_turn_goes_to_the_worker_holding_the_conversation_so_far() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 400);
+    fleet.stop.cancel();
+}
+
+impl TestRouter {
+    /// vLLM's `/v1/completions` of `tokens`: the worker, the routing reason and the worker's
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    async fn complete(&self, tokens: &[u64]) -> (String, String, u64) {
+        let body = json!({"model": "kv-indexer-sim", "prompt": tokens, "max_tokens": 2});
+        let routed = self.send("/v1/completions", body).await;
+        let details = &routed.answer["usage"]["prompt_tokens_details"];
+        (
+            routed.worker,
+            routed.reason,
+            details["cached_tokens"].as_u64().unwrap(),
+        )
+    }
+}
+
+/// A simulated vLLM worker (sha256 block hashes, 16 tokens a block).
+fn vllm_sim() -> SimConfig {
+    let mut sim = SimConfig {
+        vllm: Some(VllmHasher::new(VllmHashAlgo::Sha256, 16, None).unwrap()),
+        ..SimConfig::default()
+    };
+    sim.publisher.encoder.encoding = Encoding::Vllm;
+    sim
+}
+
+#[tokio::test]
+async fn one_indexer_serves_an_sglang_fleet_and_a_vllm_fleet_each_router_its_own() {
+    let fleet = fleet(2, |url| url.to_string()).await;
+    let vllm_workers = start_workers(
+        &fleet.indexer,
+        &fleet.stop,
+        "vllm",
+        2,
+        |url| url.to_string(),
+        &vllm_sim(),
+    )
+    .await;
+    let sglang = router(&fleet).await;
+    let vllm = test_router::start(
+        [
+            "kv-indexer-router",
+            "--engine",
+            "vllm",
+            "--vllm-block-size",
+            "16",
+            "--worker-urls",
+            &vllm_workers.join(","),
+            "--kv-indexer-endpoint",
+            &fleet.indexer.url(),
+            "--cache-affinity-min-matched-tokens",
+            "64",
+        ],
+        fleet.stop.child_token(),
+    )
+    .await;
+    // One document through both routers: each fleet caches it in its own hash space.
+    let document = document(7);
+    let (sglang_home, cached) = sglang.generate(&with_suffix(&document, 1)).await;
+    assert_eq!(cached, 0);
+    let (vllm_home, _, cached) = vllm.complete(&with_suffix(&document, 1)).await;
+    assert_eq!(cached, 0);
+    assert!(vllm_workers.contains(&vllm_home) && fleet.workers.contains(&sglang_home));
+    // A new suffix goes back to each fleet's own home, by the Indexer.
+    let (worker, cached) = until_cached(&sglang, &with_suffix(&document, 50)).await;
+    assert_eq!((worker, cached >= 256), (sglang_home.clone(), true));
+    let (worker, reason, cached) = wait::until("the vLLM fleet's events to arrive", || async {
+        let routed = vllm.complete(&with_suffix(&document, 60)).await;
+        (routed.2 > 0).then_some(routed)
+    })
+    .await;
+    assert_eq!(
+        worker, vllm_home,
+        "the vLLM router found its worker's cache"
+    );
+    assert_eq!(reason, "cache_hit");
+    assert_eq!(cached, 320, "vLLM reuses the document's 20 full blocks");
+    // The Indexer's answers stay apart: vLLM's hashes of the document name only the vLLM
+    // worker, SGLang's only the SGLang one, though both hold the same tokens.
+    let mut client = fleet.indexer.client();
+    for (hashes, home) in [
+        (vllm_sim().hash().block_hashes(&document, None), &vllm_home),
+        (
+            SimConfig::default().hash().block_hashes(&document, None),
+            &sglang_home,
+        ),
+    ] {
+        let answer = client
+            .match_external_kv_prefix(prefix_request(hashes))
+            .await
+            .unwrap()
+            .into_inner();
+        let named: Vec<&str> = answer
+            .matches
+            .iter()
+            .map(|m| m.worker_address.as_str())
+            .collect();
+        assert_eq!(named, [home.as_str()]);
+        assert_eq!(answer.best_prefix_blocks, 20);
+    }
     fleet.stop.cancel();
 }
