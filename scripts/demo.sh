@@ -10,17 +10,30 @@
 #       a fleet: redis-server (installed by scripts/install_redis.sh when missing) on 6390, the
 #       Indexer replicas on 50061, 50062, … sharing its stream; bridges and the router list every
 #       replica; at the end the first replica is killed and the router keeps its cache signal.
+#   scripts/demo.sh --engine vllm
+#       the workers are simulated vLLM workers (vLLM's events, block hashes and OpenAI API); the
+#       bridges and the router are told so, and the prompts go to /v1/completions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REPLICAS=1
-if [[ "${1:-}" == "--replicas" ]]; then
-  REPLICAS=${2:?--replicas needs a number}
-  [[ "$REPLICAS" =~ ^[1-9][0-9]*$ ]] || { echo "--replicas must be a positive number, not $REPLICAS" >&2; exit 2; }
-elif [[ -n "${1:-}" ]]; then
-  echo "usage: scripts/demo.sh [--replicas N]" >&2
-  exit 2
-fi
+ENGINE=sglang
+usage() { echo "usage: scripts/demo.sh [--replicas N] [--engine sglang|vllm]" >&2; exit 2; }
+while (($#)); do
+  case $1 in
+    --replicas)
+      REPLICAS=${2:?--replicas needs a number}; shift 2
+      [[ "$REPLICAS" =~ ^[1-9][0-9]*$ ]] || { echo "--replicas must be a positive number, not $REPLICAS" >&2; exit 2; } ;;
+    --engine)
+      ENGINE=${2:?--engine needs sglang or vllm}; shift 2
+      [[ $ENGINE == sglang || $ENGINE == vllm ]] || { echo "--engine must be sglang or vllm, not $ENGINE" >&2; exit 2; } ;;
+    *) usage ;;
+  esac
+done
+# vLLM's block size (its --block-size) is told to the router, which cannot learn it from vLLM.
+ENGINE_FLAGS=(--engine "$ENGINE")
+ROUTER_ENGINE_FLAGS=(--engine "$ENGINE")
+[[ $ENGINE == vllm ]] && ROUTER_ENGINE_FLAGS+=(--vllm-block-size 16)
 
 BASE_PORT=${DEMO_BASE_PORT:-31000}
 EVENTS_PORT=${DEMO_EVENTS_PORT:-5600}
@@ -98,16 +111,16 @@ ENDPOINTS=$(IFS=,; echo "${endpoints[*]}")
 urls=()
 for i in 0 1 2; do
   port=$((BASE_PORT + i)); events=$((EVENTS_PORT + i))
-  start "sim-$i" "$BIN/kv-indexer-sim" --port "$port" --kv-events-port "$events" \
+  start "sim-$i" "$BIN/kv-indexer-sim" "${ENGINE_FLAGS[@]}" --port "$port" --kv-events-port "$events" \
     --capacity-tokens 32768 --prefill-us-per-token 20 --decode-us-per-token 200
   admin=()
   if [[ -n $METRICS_DIR ]]; then admin_for "bridge-$i"; admin=(KV_INDEXER_BRIDGE_METRICS_ADDR="$ADMIN"); fi
   start "bridge-$i" env "${admin[@]}" KV_INDEXER_WORKER_ID="sim-$i" KV_INDEXER_WORKER_ADDRESS="http://127.0.0.1:$port" \
     SGLANG_KV_EVENT_ENDPOINT="tcp://127.0.0.1:$events" SGLANG_KV_EVENT_TOPIC=kv-events \
-    KV_INDEXER_ENDPOINT="$ENDPOINTS" "$BIN/kv-indexer-bridge"
+    KV_INDEXER_ENDPOINT="$ENDPOINTS" KV_INDEXER_ENGINE="$ENGINE" "$BIN/kv-indexer-bridge"
   urls+=("http://127.0.0.1:$port")
 done
-start router "$BIN/kv-indexer-router" --listen-addr "$ROUTER" \
+start router "$BIN/kv-indexer-router" "${ROUTER_ENGINE_FLAGS[@]}" --listen-addr "$ROUTER" \
   --worker-urls "$(IFS=,; echo "${urls[*]}")" --kv-indexer-endpoint "$ENDPOINTS" \
   --cache-affinity-min-matched-tokens 32
 
@@ -126,16 +139,20 @@ router_knows_block_size() { curl -sf "http://$ROUTER/health" | grep -Eq '"block_
 until_ready "the Indexer to serve" "$BIN/kv-indexer-ctl" health --endpoint "$ENDPOINTS" --timeout-ms 500
 for url in "${urls[@]}"; do until_ready "$url/health" curl -sf "$url/health"; done
 # The router's /health answers 200 once a worker passes its health check; the demo also waits
-# for the block size it learns from the first worker's /server_info (cache-aware routing needs it).
+# for the block size it learns from the first worker's /server_info (cache-aware routing needs it;
+# a vLLM router has it from its flags).
 until_ready "the router's /health and block size" router_knows_block_size
 
 ask() {
   local label=$1 text=$2
   local headers body
   headers=$(mktemp)
-  if ! body=$(curl -s -S --fail-with-body -D "$headers" "http://$ROUTER/generate" \
-    -H 'content-type: application/json' \
-    -d "{\"text\": \"$text\", \"sampling_params\": {\"max_new_tokens\": 8}}" 2>&1); then
+  local route=/generate request="{\"text\": \"$text\", \"sampling_params\": {\"max_new_tokens\": 8}}"
+  if [[ $ENGINE == vllm ]]; then
+    route=/v1/completions request="{\"prompt\": \"$text\", \"max_tokens\": 8}"
+  fi
+  if ! body=$(curl -s -S --fail-with-body -D "$headers" "http://$ROUTER$route" \
+    -H 'content-type: application/json' -d "$request" 2>&1); then
     echo "$label: the router did not answer it: $body (router log: $LOGS/router.log)" >&2
     exit 1
   fi
@@ -147,7 +164,12 @@ for line in open(headers):
     if ":" in line:
         k, v = line.split(":", 1)
         h[k.strip().lower()] = v.strip()
-meta = json.loads(body).get("meta_info", {})
+answer = json.loads(body)
+meta = answer.get("meta_info")
+if meta is None:  # vLLM's OpenAI answer
+    usage = answer["usage"]
+    meta = {"prompt_tokens": usage["prompt_tokens"],
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 print(f"{label:<28} -> {h.get('x-routed-worker','?'):<24} reason={h.get('x-routing-reason','?'):<16} "
       f"matched={h.get('x-matched-blocks','?')}/{h.get('x-query-blocks','?')} blocks "
       f"{h.get('x-matched-tokens','?')} tokens  "

@@ -233,7 +233,7 @@ def main():
             trace, requests = rb.load_requests(workload, args.requests, {"groups": args.groups, "zipf": args.zipf})
             load = args.load
         capacity = rb.capacity_of(requests, model, args.workers)
-        bodies = rb.request_bodies(requests, args.max_new_tokens)
+        bodies = rb.request_bodies(requests, args.max_new_tokens, args.engine)
         if args.restart:
             runs = [(4, pol, s, args.requests // 2) for pol in policies for s in seeds]
         else:

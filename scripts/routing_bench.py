@@ -131,13 +131,19 @@ def capacity_of(requests, model, workers):
     return workers / statistics.mean(model.prefill(0, r["input_length"]) for r in requests)
 
 
-def request_bodies(requests, max_new_tokens=0):
-    """Each request as a streamed /generate body, its output capped at `max_new_tokens` (0: no cap)."""
+def request_bodies(requests, max_new_tokens=0, engine="sglang"):
+    """Each request as `(path, body)`: a streamed /generate (SGLang) or /v1/completions with the
+    usage in its last chunk (vLLM), its output capped at `max_new_tokens` (0: no cap)."""
     bodies = []
     for r in requests:
-        out = r["output_length"] if not max_new_tokens else min(r["output_length"], max_new_tokens)
-        bodies.append(json.dumps({"input_ids": tokens_for(r), "stream": True,
-                                  "sampling_params": {"max_new_tokens": max(1, out)}}).encode())
+        out = max(1, r["output_length"] if not max_new_tokens else min(r["output_length"], max_new_tokens))
+        if engine == "vllm":
+            body = {"prompt": tokens_for(r), "stream": True, "max_tokens": out,
+                    "stream_options": {"include_usage": True}}
+            bodies.append(("/v1/completions", json.dumps(body).encode()))
+        else:
+            body = {"input_ids": tokens_for(r), "stream": True, "sampling_params": {"max_new_tokens": out}}
+            bodies.append(("/generate", json.dumps(body).encode()))
     return bodies
 
 
@@ -198,10 +204,12 @@ class Fleet:
         self.indexer = f"127.0.0.1:{port}"
         self.start("server", [f"{BIN}/kv-indexer-server", "--listen-addr", self.indexer])
         self.urls = []
+        engine = getattr(args, "engine", "sglang")
         for i in range(args.workers):
             http_port, events = port + 10 + i, port + 100 + i
             self.start(f"sim-{i}", [
-                f"{BIN}/kv-indexer-sim", "--port", str(http_port), "--kv-events-port", str(events),
+                f"{BIN}/kv-indexer-sim", "--engine", engine,
+                "--port", str(http_port), "--kv-events-port", str(events),
                 "--capacity-tokens", str(args.capacity_tokens),
                 "--host-capacity-tokens", str(args.host_capacity_tokens),
                 "--max-running", str(args.max_running), "--stream-interval", str(args.stream_interval),
@@ -209,10 +217,13 @@ class Fleet:
             env = dict(os.environ, KV_INDEXER_WORKER_ID=f"sim-{i}",
                        KV_INDEXER_WORKER_ADDRESS=f"http://127.0.0.1:{http_port}",
                        SGLANG_KV_EVENT_ENDPOINT=f"tcp://127.0.0.1:{events}",
-                       SGLANG_KV_EVENT_TOPIC="kv-events", KV_INDEXER_ENDPOINT=f"http://{self.indexer}")
+                       SGLANG_KV_EVENT_TOPIC="kv-events", KV_INDEXER_ENDPOINT=f"http://{self.indexer}",
+                       KV_INDEXER_ENGINE=engine)
             self.start(f"bridge-{i}", [f"{BIN}/kv-indexer-bridge"], env)
             self.urls.append(f"http://127.0.0.1:{http_port}")
         self.router_args = [a.replace("{indexer}", f"http://{self.indexer}") for a in router_args]
+        if engine == "vllm":  # the simulated workers' 16-token pages, which vLLM cannot report
+            self.router_args += ["--engine", "vllm", "--vllm-block-size", "16"]
         self.min_matched_tokens = args.min_matched_tokens
         # Routers listen on port + 1 ..; the workers' ports start at port + 10.
         self.routers = [f"127.0.0.1:{port + 1 + i}" for i in range(routers)]
@@ -271,10 +282,11 @@ def kill_group(proc):
         pass
 
 
-def one_request(router, body):
+def one_request(router, request):
     """(worker, ttft, prompt tokens, cached tokens, completion tokens, end) of one streamed
-    /generate; times in wall seconds."""
-    req = urllib.request.Request(f"http://{router}/generate", data=body,
+    `(path, body)` of `request_bodies`; times in wall seconds."""
+    path, body = request
+    req = urllib.request.Request(f"http://{router}{path}", data=body,
                                  headers={"content-type": "application/json"})
     start = time.time()
     ttft = None
@@ -291,7 +303,11 @@ def one_request(router, body):
             if data == b"[DONE]":
                 break
             last = data
-    meta = json.loads(last).get("meta_info", {}) if last else {}
+    last = json.loads(last) if last else {}
+    meta = last.get("meta_info")
+    if meta is None:  # the OpenAI API's usage (vLLM)
+        usage = last.get("usage") or {}
+        meta = dict(usage, cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
     end = time.time()
     return (worker, ttft if ttft is not None else end - start, meta.get("prompt_tokens", 0),
             meta.get("cached_tokens", 0), meta.get("completion_tokens", 0), end)
@@ -484,6 +500,8 @@ def add_fleet_arguments(p):
     # Below Linux's ephemeral range (32768-60999), so that no outgoing connection holds a port a
     # process of the fleet must listen on.
     p.add_argument("--base-port", type=int, default=21000)
+    p.add_argument("--engine", choices=["sglang", "vllm"], default="sglang",
+                   help="the simulated workers' engine (vllm: its events, hashes and OpenAI API)")
 
 
 def build():
@@ -519,7 +537,7 @@ def main():
     for trace in args.traces.split(","):
         trace, requests = load_requests(trace, args.requests)
         capacity = capacity_of(requests, model, args.workers)
-        bodies = request_bodies(requests, args.max_new_tokens)
+        bodies = request_bodies(requests, args.max_new_tokens, args.engine)
         rows = []
         for load in loads:
             for name, router_args in policies.items():

@@ -324,7 +324,7 @@ impl Stream {
         };
         for skipped in &mapped.skipped {
             if let Some(total) = self.stats.event_skipped(skipped.reason()) {
-                warn!(error = %skipped, seq, total, "skipping a malformed event");
+                warn!(error = %skipped, seq, total, "skipping an event the index cannot use");
             }
         }
         self.stats.batch(mapped.events);

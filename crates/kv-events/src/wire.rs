@@ -396,12 +396,17 @@ struct MediumShape(Engine);
 impl Shape<'_> for MediumShape {
     type Out = Medium;
 
+    /// vLLM's names in any case: its Mooncake store connector writes `"cpu"`.
     fn str(self, value: &str) -> Field<Medium> {
+        let vllm = |name: &str| self.0 == Engine::Vllm && value.eq_ignore_ascii_case(name);
         Field::Value(match (self.0, value) {
-            (_, "GPU") => Medium::Gpu,
-            (Engine::Sglang, "CPU_PINNED") | (Engine::Vllm, "CPU") => Medium::Host,
-            (Engine::Sglang, "DISK") | (Engine::Vllm, "STORAGE") => Medium::Disk,
+            (Engine::Sglang, "GPU") => Medium::Gpu,
+            (Engine::Sglang, "CPU_PINNED") => Medium::Host,
+            (Engine::Sglang, "DISK") => Medium::Disk,
             (Engine::Sglang, "EXTERNAL") => Medium::External,
+            _ if vllm("GPU") => Medium::Gpu,
+            _ if vllm("CPU") => Medium::Host,
+            _ if vllm("STORAGE") => Medium::Disk,
             (_, other) => Medium::Other(other.to_owned()),
         })
     }
