@@ -30,10 +30,8 @@ while (($#)); do
     *) usage ;;
   esac
 done
-# vLLM's block size (its --block-size) is told to the router, which cannot learn it from vLLM.
+# The router learns the block hashing from the workers (SGLang's /server_info, vLLM's /metrics).
 ENGINE_FLAGS=(--engine "$ENGINE")
-ROUTER_ENGINE_FLAGS=(--engine "$ENGINE")
-[[ $ENGINE == vllm ]] && ROUTER_ENGINE_FLAGS+=(--vllm-block-size 16)
 
 BASE_PORT=${DEMO_BASE_PORT:-31000}
 EVENTS_PORT=${DEMO_EVENTS_PORT:-5600}
@@ -120,7 +118,7 @@ for i in 0 1 2; do
     KV_INDEXER_ENDPOINT="$ENDPOINTS" KV_INDEXER_ENGINE="$ENGINE" "$BIN/kv-indexer-bridge"
   urls+=("http://127.0.0.1:$port")
 done
-start router "$BIN/kv-indexer-router" "${ROUTER_ENGINE_FLAGS[@]}" --listen-addr "$ROUTER" \
+start router "$BIN/kv-indexer-router" "${ENGINE_FLAGS[@]}" --listen-addr "$ROUTER" \
   --worker-urls "$(IFS=,; echo "${urls[*]}")" --kv-indexer-endpoint "$ENDPOINTS" \
   --cache-affinity-min-matched-tokens 32
 
@@ -139,8 +137,7 @@ router_knows_block_size() { curl -sf "http://$ROUTER/health" | grep -Eq '"block_
 until_ready "the Indexer to serve" "$BIN/kv-indexer-ctl" health --endpoint "$ENDPOINTS" --timeout-ms 500
 for url in "${urls[@]}"; do until_ready "$url/health" curl -sf "$url/health"; done
 # The router's /health answers 200 once a worker passes its health check; the demo also waits
-# for the block size it learns from the first worker's /server_info (cache-aware routing needs it;
-# a vLLM router has it from its flags).
+# for the block size it learns from the first worker (cache-aware routing needs it).
 until_ready "the router's /health and block size" router_knows_block_size
 
 ask() {

@@ -222,8 +222,8 @@ class Fleet:
             self.start(f"bridge-{i}", [f"{BIN}/kv-indexer-bridge"], env)
             self.urls.append(f"http://127.0.0.1:{http_port}")
         self.router_args = [a.replace("{indexer}", f"http://{self.indexer}") for a in router_args]
-        if engine == "vllm":  # the simulated workers' 16-token pages, which vLLM cannot report
-            self.router_args += ["--engine", "vllm", "--vllm-block-size", "16"]
+        if engine == "vllm":  # its block hashing learned from the workers' /metrics
+            self.router_args += ["--engine", "vllm"]
         self.min_matched_tokens = args.min_matched_tokens
         # Routers listen on port + 1 ..; the workers' ports start at port + 10.
         self.routers = [f"127.0.0.1:{port + 1 + i}" for i in range(routers)]

@@ -869,7 +869,11 @@ fn vllm_media_groups_and_kinds() {
     assert_eq!(tier_of(s("GPU")), Ok(Tier::Hbm));
     assert_eq!(tier_of(s("CPU")), Ok(Tier::Dram));
     assert_eq!(tier_of(s("STORAGE")), Ok(Tier::Ssd));
-    assert_eq!(tier_of(s("cpu")), Ok(Tier::Dram), "vLLM's Mooncake connector");
+    assert_eq!(
+        tier_of(s("cpu")),
+        Ok(Tier::Dram),
+        "vLLM's Mooncake connector"
+    );
     assert_eq!(tier_of(s("Gpu")), Ok(Tier::Hbm));
     assert_eq!(
         tier_of(Mp::Nil),

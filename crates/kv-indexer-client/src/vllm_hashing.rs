@@ -36,6 +36,16 @@ pub enum VllmHashAlgo {
     Sha256Cbor,
 }
 
+impl VllmHashAlgo {
+    /// vLLM's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            VllmHashAlgo::Sha256 => "sha256",
+            VllmHashAlgo::Sha256Cbor => "sha256_cbor",
+        }
+    }
+}
+
 impl std::str::FromStr for VllmHashAlgo {
     type Err = String;
 

@@ -18,10 +18,12 @@ use kv_indexer_client::BlockHasher;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::hashing::HashConfig;
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
+use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use parking_lot::RwLock;
 use serde_json::Value;
 use tracing::{info, warn};
 
+use crate::config::HashingSource;
 use crate::observe::{Answer, RequestMetrics};
 use crate::policy::{Decision, Policy, Rejected};
 use crate::workers::{LoadGuard, Recheck, Worker, Workers};
@@ -329,43 +331,29 @@ fn relay(
     reply
 }
 
-/// Learns the block size and bigram mode from the first worker whose `/server_info` answers,
-/// then refuses workers whose block size differs. Retries until it has learned, soon at first
+/// Learns the workers' block hashing from the first worker that tells it (SGLang: block size
+/// and bigram mode from `/server_info`; vLLM: block size and hash algorithm from `/metrics`),
+/// then refuses workers whose hashing differs. Retries until it has learned, soon at first
 /// ([`Recheck`]), then every `every`.
-pub async fn learn_hashing(state: Arc<AppState>, every: Duration) {
+pub async fn learn_hashing(state: Arc<AppState>, every: Duration, source: HashingSource) {
     let mut recheck = Recheck::new(every);
+    let mut unusable = std::collections::HashSet::new();
     loop {
         let mut learned = *state.hashing.read();
         for worker in &state.workers.list {
-            let info = async {
-                let response = state
-                    .http
-                    .get(format!("{}/server_info", worker.url))
-                    .timeout(Duration::from_secs(2))
-                    .send()
-                    .await
-                    .ok()?;
-                serde_json::from_slice::<Value>(&response.bytes().await.ok()?).ok()
-            }
-            .await;
-            let Some(info) = info else { continue };
-            let Some(block_size) = info["kv_events"]["block_size"]
-                .as_u64()
-                .or_else(|| info["page_size"].as_u64())
-            else {
-                continue;
+            let config = match worker_hashing(&state.http, &worker.url, &source).await {
+                Ok(Some(config)) => config,
+                Ok(None) => continue,
+                Err(reason) => {
+                    if unusable.insert(worker.url.clone()) {
+                        warn!(url = %worker.url, %reason, "cannot follow the worker's block hashing");
+                    }
+                    continue;
+                }
             };
-            let bigram = matches!(
-                info["speculative_algorithm"].as_str(),
-                Some("EAGLE" | "EAGLE3" | "FROZEN_KV_MTP")
-            );
-            let config = BlockHasher::Sglang(HashConfig {
-                block_size: block_size as usize,
-                bigram,
-            });
             match learned {
                 None => {
-                    info!(url = %worker.url, block_size, bigram, "learned block hashing from the first worker");
+                    info!(url = %worker.url, ?config, "learned block hashing from the first worker");
                     learned = Some(config);
                     *state.hashing.write() = learned;
                 }
@@ -380,5 +368,133 @@ pub async fn learn_hashing(state: Arc<AppState>, every: Duration) {
             return;
         }
         tokio::time::sleep(recheck.after(false)).await;
+    }
+}
+
+/// One worker's block hashing: `Ok(None)` when it does not answer (yet), `Err` when it
+/// answers with a hashing no router can follow.
+async fn worker_hashing(
+    http: &reqwest::Client,
+    url: &str,
+    source: &HashingSource,
+) -> Result<Option<BlockHasher>, String> {
+    let path = match source {
+        HashingSource::SglangServerInfo => "/server_info",
+        HashingSource::VllmMetrics { .. } => "/metrics",
+    };
+    let body = async {
+        let response = http
+            .get(format!("{url}{path}"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        response.status().is_success().then_some(())?;
+        response.bytes().await.ok()
+    }
+    .await;
+    let Some(body) = body else { return Ok(None) };
+    match source {
+        HashingSource::SglangServerInfo => {
+            let Ok(info) = serde_json::from_slice::<Value>(&body) else {
+                return Ok(None);
+            };
+            let Some(block_size) = info["kv_events"]["block_size"]
+                .as_u64()
+                .or_else(|| info["page_size"].as_u64())
+            else {
+                return Ok(None);
+            };
+            let bigram = matches!(
+                info["speculative_algorithm"].as_str(),
+                Some("EAGLE" | "EAGLE3" | "FROZEN_KV_MTP")
+            );
+            Ok(Some(BlockHasher::Sglang(HashConfig {
+                block_size: block_size as usize,
+                bigram,
+            })))
+        }
+        HashingSource::VllmMetrics {
+            block_size,
+            algo,
+            seed,
+        } => {
+            let labels = vllm_cache_config(&String::from_utf8_lossy(&body));
+            let block_size = match (block_size, labels.get("block_size")) {
+                (Some(size), _) => *size,
+                (None, Some(size)) => size
+                    .parse()
+                    .map_err(|_| format!("vllm:cache_config_info block_size {size:?}"))?,
+                (None, None) => return Ok(None),
+            };
+            let algo = match (algo, labels.get("prefix_caching_hash_algo")) {
+                (Some(algo), _) => *algo,
+                (None, Some(name)) => name.parse::<VllmHashAlgo>()?,
+                (None, None) => VllmHashAlgo::Sha256,
+            };
+            let hasher = VllmHasher::new(algo, block_size, seed.as_deref())
+                .map_err(|error| error.to_string())?;
+            Ok(Some(BlockHasher::Vllm(hasher)))
+        }
+    }
+}
+
+/// The labels of vLLM's `vllm:cache_config_info` gauge (its `CacheConfig`, one label per field),
+/// from the first such series in a Prometheus text page; empty when there is none.
+pub fn vllm_cache_config(text: &str) -> std::collections::HashMap<String, String> {
+    let Some(line) = text
+        .lines()
+        .find(|line| line.starts_with("vllm:cache_config_info{"))
+    else {
+        return Default::default();
+    };
+    let labels = line
+        .split_once('{')
+        .and_then(|(_, rest)| rest.rsplit_once('}'))
+        .map_or("", |(labels, _)| labels);
+    let mut parsed = std::collections::HashMap::new();
+    let mut rest = labels;
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, escaped)) = chars.next() {
+                        value.push(if escaped == 'n' { '\n' } else { escaped });
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        parsed.insert(name.trim_start_matches(',').trim().to_string(), value);
+        rest = &after[end..];
+    }
+    parsed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllms_cache_config_labels() {
+        let page = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+            # TYPE vllm:cache_config_info gauge\n\
+            vllm:cache_config_info{block_size=\"32\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",\
+            engine=\"0\",kv_offloading_backend=\"native\",note=\"a \\\"quoted\\\", comma\",\
+            prefix_caching_hash_algo=\"sha256_cbor\"} 1.0\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0\n";
+        let labels = vllm_cache_config(page);
+        assert_eq!(labels["block_size"], "32");
+        assert_eq!(labels["prefix_caching_hash_algo"], "sha256_cbor");
+        assert_eq!(labels["engine"], "0");
+        assert_eq!(labels["note"], "a \"quoted\", comma");
+        assert!(vllm_cache_config("vllm:num_requests_running 1.0\n").is_empty());
     }
 }

@@ -146,18 +146,21 @@ pub struct Args {
     #[arg(long, env = "KV_ROUTER_HEALTH_INTERVAL_SECS", default_value_t = 2)]
     pub health_interval_secs: u64,
     /// The workers' engine: sglang (block hashing learned from the first worker's
-    /// `/server_info`) or vllm (hashing from the --vllm-* flags, as vLLM cannot tell it).
-    /// Workers of two engines need a router each; both can share one Indexer.
+    /// `/server_info`) or vllm (learned from the first worker's `/metrics`
+    /// `vllm:cache_config_info`, or given by the --vllm-* flags). Workers of two engines need a
+    /// router each; both can share one Indexer.
     #[arg(long, env = "KV_ROUTER_ENGINE", value_enum, default_value_t = Engine::Sglang)]
     pub engine: Engine,
-    /// vLLM's --block-size on the workers (with --engine vllm).
-    #[arg(long, env = "KV_ROUTER_VLLM_BLOCK_SIZE", default_value_t = 16)]
-    pub vllm_block_size: usize,
-    /// vLLM's --prefix-caching-hash-algo on the workers: sha256 or sha256_cbor (xxhash's seed
-    /// is random per process unless PYTHONHASHSEED is set, so no router can follow it).
-    #[arg(long, env = "KV_ROUTER_VLLM_HASH_ALGO", default_value = "sha256")]
-    pub vllm_hash_algo: VllmHashAlgo,
-    /// The workers' PYTHONHASHSEED, which seeds vLLM's NONE_HASH (unset: vLLM's fixed seed).
+    /// vLLM's --block-size on the workers (with --engine vllm; unset: learned).
+    #[arg(long, env = "KV_ROUTER_VLLM_BLOCK_SIZE")]
+    pub vllm_block_size: Option<usize>,
+    /// vLLM's --prefix-caching-hash-algo on the workers: sha256 or sha256_cbor (unset: learned;
+    /// xxhash's seed is random per process unless PYTHONHASHSEED is set, so no router can
+    /// follow it).
+    #[arg(long, env = "KV_ROUTER_VLLM_HASH_ALGO")]
+    pub vllm_hash_algo: Option<VllmHashAlgo>,
+    /// The workers' PYTHONHASHSEED, which seeds vLLM's NONE_HASH (unset: vLLM's fixed seed;
+    /// vLLM does not publish it).
     #[arg(long, env = "KV_ROUTER_VLLM_HASH_SEED")]
     pub vllm_hash_seed: Option<String>,
     /// Milliseconds between polls of every worker's load (SGLang's `GET /get_load`, vLLM's
@@ -174,6 +177,36 @@ pub struct Args {
 pub enum Engine {
     Sglang,
     Vllm,
+}
+
+/// How the router comes to know the workers' block hashing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashingSource {
+    /// SGLang: the first worker's `/server_info`.
+    SglangServerInfo,
+    /// vLLM: the first worker's `/metrics` (`vllm:cache_config_info`'s `block_size` and
+    /// `prefix_caching_hash_algo` labels), each flag given standing in for its label.
+    VllmMetrics {
+        block_size: Option<usize>,
+        algo: Option<VllmHashAlgo>,
+        seed: Option<String>,
+    },
+}
+
+impl HashingSource {
+    /// The hashing when the flags give all of it.
+    pub fn fixed(&self) -> Option<BlockHasher> {
+        match self {
+            HashingSource::VllmMetrics {
+                block_size: Some(block_size),
+                algo: Some(algo),
+                seed,
+            } => VllmHasher::new(*algo, *block_size, seed.as_deref())
+                .ok()
+                .map(BlockHasher::Vllm),
+            _ => None,
+        }
+    }
 }
 
 /// The validated settings.
@@ -196,8 +229,9 @@ pub struct RouterConfig {
     pub health_interval: Duration,
     /// `None`: the workers' load reports are not polled.
     pub worker_load_interval: Option<Duration>,
-    /// The workers' block hashing when the flags fix it (vLLM); `None`: learned (SGLang).
-    pub hashing: Option<BlockHasher>,
+    pub engine: Engine,
+    /// Where the workers' block hashing comes from.
+    pub hashing: HashingSource,
     pub indexer_security: ClientSecurity,
 }
 
@@ -257,15 +291,18 @@ impl RouterConfig {
         }
         let selection = selection(args)?;
         let hashing = match args.engine {
-            Engine::Sglang => None,
-            Engine::Vllm => Some(BlockHasher::Vllm(
-                VllmHasher::new(
-                    args.vllm_hash_algo,
-                    args.vllm_block_size,
-                    args.vllm_hash_seed.as_deref(),
-                )
-                .map_err(ConfigError::VllmBlockSize)?,
-            )),
+            Engine::Sglang => HashingSource::SglangServerInfo,
+            Engine::Vllm => {
+                if let Some(block_size) = args.vllm_block_size {
+                    VllmHasher::new(VllmHashAlgo::Sha256, block_size, None)
+                        .map_err(ConfigError::VllmBlockSize)?;
+                }
+                HashingSource::VllmMetrics {
+                    block_size: args.vllm_block_size,
+                    algo: args.vllm_hash_algo,
+                    seed: args.vllm_hash_seed.clone(),
+                }
+            }
         };
         Ok(RouterConfig {
             worker_urls: args.worker_urls.clone(),
@@ -286,6 +323,7 @@ impl RouterConfig {
             worker_load_interval: (args.worker_load_interval_ms > 0)
                 .then(|| Duration::from_millis(args.worker_load_interval_ms)),
             indexer_security: args.indexer_security.clone(),
+            engine: args.engine,
             hashing,
         })
     }
@@ -390,22 +428,35 @@ mod tests {
     }
 
     #[test]
-    fn the_vllm_engine_fixes_its_hashing_from_the_flags() {
+    fn the_vllm_engine_learns_its_hashing_unless_the_flags_give_it() {
         let workers = ["--worker-urls", "http://a:1"];
         let config = |extra: &[&str]| config(&[&workers[..], extra].concat());
         let sglang = config(&[]).unwrap();
-        assert_eq!(sglang.hashing, None, "SGLang's is learned from the workers");
+        assert_eq!(sglang.hashing, HashingSource::SglangServerInfo);
+        assert_eq!(
+            sglang.hashing.fixed(),
+            None,
+            "SGLang's is learned from the workers"
+        );
+        let vllm = config(&["--engine", "vllm", "--vllm-block-size", "32"]).unwrap();
+        assert_eq!(
+            vllm.hashing.fixed(),
+            None,
+            "the algorithm is learned from /metrics"
+        );
         let vllm = config(&[
             "--engine",
             "vllm",
             "--vllm-block-size",
             "32",
+            "--vllm-hash-algo",
+            "sha256",
             "--vllm-hash-seed",
             "0",
         ])
         .unwrap();
         let expected = VllmHasher::new(VllmHashAlgo::Sha256, 32, Some("0")).unwrap();
-        assert_eq!(vllm.hashing, Some(BlockHasher::Vllm(expected)));
+        assert_eq!(vllm.hashing.fixed(), Some(BlockHasher::Vllm(expected)));
         let error = config(&["--engine", "vllm", "--vllm-block-size", "0"]).unwrap_err();
         assert!(
             error.contains("--vllm-block-size (KV_ROUTER_VLLM_BLOCK_SIZE)"),

@@ -37,12 +37,12 @@ use axum::serve::ListenerExt;
 use kv_common::telemetry::Metrics;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
-use kv_indexer_client::{BlockHasher, ClientConfig, ClientError, IndexerClient};
+use kv_indexer_client::{ClientConfig, ClientError, IndexerClient};
 use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 
 use crate::app::AppState;
-use crate::config::{PolicyName, PrefixProvider, RouterConfig, TOKENIZER_SETTING};
+use crate::config::{Engine, PolicyName, PrefixProvider, RouterConfig, TOKENIZER_SETTING};
 use crate::observe::{IndexerMetrics, RequestMetrics};
 use crate::policy::{CacheAware, Policy, PrefixSource};
 use crate::radix::RadixTree;
@@ -71,7 +71,7 @@ pub fn state(
     metrics: Option<Metrics>,
 ) -> Result<Arc<AppState>, RouterError> {
     observe::describe();
-    let hashing = Arc::new(RwLock::new(config.hashing));
+    let hashing = Arc::new(RwLock::new(config.hashing.fixed()));
     let http = reqwest::Client::builder()
         .build()
         .map_err(RouterError::HttpClient)?;
@@ -157,21 +157,22 @@ pub async fn run(
             }
         });
     }
-    // SGLang's hashing is learned from its workers; vLLM's was given by the flags.
-    if config.hashing.is_none() {
+    // Learned from the workers, unless the flags gave all of it.
+    if config.hashing.fixed().is_none() {
         let (state, every, stop) = (state.clone(), config.health_interval, stop.clone());
+        let source = config.hashing.clone();
         background.spawn(async move {
             tokio::select! {
                 () = stop.cancelled() => {}
-                () = app::learn_hashing(state, every) => {}
+                () = app::learn_hashing(state, every, source) => {}
             }
         });
     }
     if let Some(every) = config.worker_load_interval {
         let (workers, http, stop) = (state.workers.clone(), state.http.clone(), stop.clone());
-        let source = match config.hashing {
-            Some(BlockHasher::Vllm(_)) => LoadSource::VllmMetrics,
-            _ => LoadSource::SglangGetLoad,
+        let source = match config.engine {
+            Engine::Vllm => LoadSource::VllmMetrics,
+            Engine::Sglang => LoadSource::SglangGetLoad,
         };
         background.spawn(async move {
             tokio::select! {

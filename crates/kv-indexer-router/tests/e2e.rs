@@ -482,8 +482,6 @@ async fn one_indexer_serves_an_sglang_fleet_and_a_vllm_fleet_each_router_its_own
             "kv-indexer-router",
             "--engine",
             "vllm",
-            "--vllm-block-size",
-            "16",
             "--worker-urls",
             &vllm_workers.join(","),
             "--kv-indexer-endpoint",
@@ -494,6 +492,9 @@ async fn one_indexer_serves_an_sglang_fleet_and_a_vllm_fleet_each_router_its_own
         fleet.stop.child_token(),
     )
     .await;
+    // It learned vLLM's block size and hash algorithm from the workers' /metrics.
+    let learned = *vllm.state.hashing.read();
+    assert_eq!(learned, Some(vllm_sim().hash()));
     // One document through both routers: each fleet caches it in its own hash space.
     let document = document(7);
     let (sglang_home, cached) = sglang.generate(&with_suffix(&document, 1)).await;

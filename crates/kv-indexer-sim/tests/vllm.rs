@@ -207,6 +207,11 @@ async fn serves_vllms_api_not_sglangs() {
         "{metrics}"
     );
     assert!(metrics.contains("vllm:num_requests_waiting{"), "{metrics}");
+    assert!(
+        metrics.contains("block_size=\"16\"")
+            && metrics.contains("prefix_caching_hash_algo=\"sha256\""),
+        "{metrics}"
+    );
     for sglang_only in ["/server_info", "/get_load"] {
         let status = send(http.get(format!("{url}{sglang_only}"))).await.0;
         assert_eq!(status, 404, "{sglang_only}");

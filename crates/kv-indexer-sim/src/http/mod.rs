@@ -40,6 +40,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
+use kv_indexer_client::BlockHasher;
 use kv_indexer_client::chat::{ChatError, ChatTemplate};
 use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::{Value, json};
@@ -384,21 +385,45 @@ async fn get_load(State(state): State<AppState>) -> Json<Value> {
     }]))
 }
 
-/// vLLM's scheduler gauges, in Prometheus text as its `/metrics` writes them (the rest of its
-/// metrics are not simulated).
+/// vLLM's scheduler gauges and its `vllm:cache_config_info` (the block size and hash algorithm
+/// routers learn), in Prometheus text as its `/metrics` writes them (the rest of its metrics are
+/// not simulated).
 async fn vllm_metrics(State(state): State<AppState>) -> String {
     let load = state.engine.load();
-    let model = &state.info.model_path;
-    let running = load.requests - load.waiting;
-    format!(
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
-         # TYPE vllm:num_requests_running gauge\n\
-         vllm:num_requests_running{{engine=\"0\",model_name=\"{model}\"}} {running}.0\n\
-         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
-         # TYPE vllm:num_requests_waiting gauge\n\
-         vllm:num_requests_waiting{{engine=\"0\",model_name=\"{model}\"}} {}.0\n",
-        load.waiting
-    )
+    let hash = state.engine.config().hash;
+    let algo = match hash {
+        BlockHasher::Vllm(hasher) => hasher.algo().name(),
+        BlockHasher::Sglang(_) => "sha256",
+    };
+    let engine = format!("engine=\"0\",model_name=\"{}\"", state.info.model_path);
+    let cache_config = format!(
+        "block_size=\"{}\",enable_prefix_caching=\"True\",engine=\"0\",prefix_caching_hash_algo=\"{algo}\"",
+        hash.block_size()
+    );
+    let gauge = |name: &str, help: &str, labels: &str, value: usize| {
+        format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {value}.0\n")
+    };
+    [
+        gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            &engine,
+            load.requests - load.waiting,
+        ),
+        gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            &engine,
+            load.waiting,
+        ),
+        gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            &cache_config,
+            1,
+        ),
+    ]
+    .concat()
 }
 
 /// vLLM's `POST /reset_prefix_cache`: 200 when reset, 400 while requests run (the simulated
