@@ -543,6 +543,7 @@ def main():
             for name, router_args in policies.items():
                 print(f"{trace} at {load:.0%}: {name} …", file=sys.stderr, flush=True)
                 row = run_policy(args, model, trace, requests, bodies, name, router_args, load, capacity)
+                row["engine"] = args.engine
                 for key in ("per_request", "routers", "seed"):
                     row.pop(key)
                 print(f"  hit rate {row['hit_rate']:.3f}, TTFT p90 {row['ttft_p90_s']:.2f} s",
@@ -553,8 +554,11 @@ def main():
         # Rows of earlier runs on the same trace stay, unless this run measured the same
         # (policy, load) again.
         earlier = everything.get(trace, {})
-        measured = {(r["policy"], r["load"]) for r in rows}
-        rows = [r for r in earlier.get("rows", []) if (r["policy"], r["load"]) not in measured] + rows
+        # The same (policy, load, engine) measured again replaces the earlier row.
+        def key(r):
+            return r["policy"], r["load"], r.get("engine", "sglang")
+        measured = {key(r) for r in rows}
+        rows = [r for r in earlier.get("rows", []) if key(r) not in measured] + rows
         rows.sort(key=lambda r: r["load"])
         commands = earlier.get("commands", [earlier["command"]] if "command" in earlier else [])
         commands = [c for c in commands if c != command] + [command]

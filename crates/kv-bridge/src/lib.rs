@@ -39,10 +39,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use kv_events::SkipReason;
 use kv_events::frames::parse_live;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use zeromq::{SocketEvent, SocketRecv};
 
 pub use self::error::BridgeError;
@@ -81,6 +82,7 @@ pub async fn run(
         tracker: SeqTracker::default(),
         replayed: VecDeque::new(),
         resync,
+        hybrid: false,
     };
     tokio::select! {
         joined = &mut sender_task => return joined.map_err(BridgeError::Task)?,
@@ -99,6 +101,9 @@ struct Stream {
     replayed: VecDeque<(u64, u64)>,
     /// Notified by the sender when the Indexer lost acknowledged batches of this worker.
     resync: Arc<Notify>,
+    /// The worker runs a hybrid model (vLLM events of a second KV-cache group were seen): it
+    /// was cleared and its batches are ignored from then on.
+    hybrid: bool,
 }
 
 /// The next monitor event; pending forever once the monitor is closed.
@@ -313,12 +318,19 @@ impl Stream {
     }
 
     fn process(&mut self, seq: u64, payload: &[u8]) {
+        if self.hybrid {
+            self.stats.batch_skipped(stats::BATCH_SKIP_HYBRID);
+            return;
+        }
         let mapped = match batch::map(self.config.engine, payload, &self.config.clear_tiers) {
             Ok(mapped) => mapped,
             Err(error) => {
+                // Its removals are lost with it: the worker's placements can no longer be
+                // trusted (an under-claim until new events, never an over-claim).
                 if let Some(total) = self.stats.batch_skipped(stats::BATCH_SKIP_MSGPACK) {
-                    warn!(%error, seq, total, "skipping a malformed batch");
+                    warn!(%error, seq, total, "skipping a malformed batch: clearing the worker");
                 }
+                self.clear(ClearReason::Unreadable);
                 return;
             }
         };
@@ -333,6 +345,17 @@ impl Stream {
                 seq,
                 rpcs: mapped.rpcs,
             });
+        }
+        if mapped
+            .skipped
+            .iter()
+            .any(|r| matches!(r, SkipReason::HybridGroup(_)))
+        {
+            error!(
+                seq,
+                "the worker runs a hybrid model (more than one vLLM KV-cache group), which the Indexer does not index: clearing it and ignoring its events until this bridge restarts"
+            );
+            self.hybrid = true;
         }
         // After the batch: a store it holds may follow the unreadable removal, and clearing
         // first would let that store stand for a block the worker dropped.

@@ -11,10 +11,11 @@ use metrics::Unit;
 use crate::outbox::ClearReason;
 use crate::replay::Replayed;
 
-/// Why a whole batch is skipped: bad frames, another topic, bad msgpack.
+/// Why a whole batch is skipped: bad frames, another topic, bad msgpack, a hybrid vLLM model.
 pub const BATCH_SKIP_FRAMES: &str = "frames";
 pub const BATCH_SKIP_TOPIC: &str = "topic";
 pub const BATCH_SKIP_MSGPACK: &str = "msgpack";
+pub const BATCH_SKIP_HYBRID: &str = "hybrid";
 
 /// Describes every metric of the bridge (`# HELP`) and registers at 0 the series known at start:
 /// the counters without labels, each clear reason, replay outcome and skip reason, the queue's
@@ -51,9 +52,14 @@ pub fn register(capacity: usize) {
         ),
         (
             "kv_bridge_batches_skipped_total",
-            "Whole batches skipped, by reason (frames: malformed frames, topic: another topic, msgpack: undecodable)",
+            "Whole batches skipped, by reason (frames: malformed frames, topic: another topic, msgpack: undecodable, hybrid: a hybrid vLLM model's)",
             "reason",
-            &[BATCH_SKIP_FRAMES, BATCH_SKIP_TOPIC, BATCH_SKIP_MSGPACK],
+            &[
+                BATCH_SKIP_FRAMES,
+                BATCH_SKIP_TOPIC,
+                BATCH_SKIP_MSGPACK,
+                BATCH_SKIP_HYBRID,
+            ],
         ),
         (
             "kv_bridge_replays_total",
@@ -94,13 +100,15 @@ pub fn register(capacity: usize) {
 }
 
 /// The label of every [`SkipReason`].
-fn skip_reasons() -> [&'static str; 5] {
+fn skip_reasons() -> [&'static str; 7] {
     [
         SkipReason::UnknownMedium(String::new()),
         SkipReason::MissingMedium,
         SkipReason::ExternalMedium,
         SkipReason::UnknownEventType(String::new()),
         SkipReason::Malformed(""),
+        SkipReason::HybridGroup(0),
+        SkipReason::SpecKind(String::new()),
     ]
     .map(|reason| reason.reason())
 }

@@ -105,8 +105,11 @@ pub fn decode_engine_batch(engine: Engine, payload: &[u8]) -> Result<DecodedBatc
         match event(engine, raw) {
             Ok(event) => events.push(event),
             Err(reason) => {
+                // A kind or medium that is never indexed hides no removal of an indexed block.
                 hides_removal |= match reason {
-                    SkipReason::ExternalMedium | SkipReason::UnknownEventType(_) => false,
+                    SkipReason::ExternalMedium
+                    | SkipReason::UnknownEventType(_)
+                    | SkipReason::SpecKind(_) => false,
                     SkipReason::HybridGroup(_) => true,
                     _ => removal,
                 };

@@ -396,17 +396,14 @@ struct MediumShape(Engine);
 impl Shape<'_> for MediumShape {
     type Out = Medium;
 
-    /// vLLM's names in any case: its Mooncake store connector writes `"cpu"`.
+    /// Exact names only. vLLM's Mooncake and LMCache connectors write `"cpu"` and never remove
+    /// what they stored: read, those stores would be over-claims forever, so they stay unknown.
     fn str(self, value: &str) -> Field<Medium> {
-        let vllm = |name: &str| self.0 == Engine::Vllm && value.eq_ignore_ascii_case(name);
         Field::Value(match (self.0, value) {
-            (Engine::Sglang, "GPU") => Medium::Gpu,
-            (Engine::Sglang, "CPU_PINNED") => Medium::Host,
-            (Engine::Sglang, "DISK") => Medium::Disk,
+            (_, "GPU") => Medium::Gpu,
+            (Engine::Sglang, "CPU_PINNED") | (Engine::Vllm, "CPU") => Medium::Host,
+            (Engine::Sglang, "DISK") | (Engine::Vllm, "STORAGE") => Medium::Disk,
             (Engine::Sglang, "EXTERNAL") => Medium::External,
-            _ if vllm("GPU") => Medium::Gpu,
-            _ if vllm("CPU") => Medium::Host,
-            _ if vllm("STORAGE") => Medium::Disk,
             (_, other) => Medium::Other(other.to_owned()),
         })
     }

@@ -870,17 +870,18 @@ fn vllm_media_groups_and_kinds() {
     assert_eq!(tier_of(s("CPU")), Ok(Tier::Dram));
     assert_eq!(tier_of(s("STORAGE")), Ok(Tier::Ssd));
     assert_eq!(
-        tier_of(s("cpu")),
-        Ok(Tier::Dram),
-        "vLLM's Mooncake connector"
-    );
-    assert_eq!(tier_of(s("Gpu")), Ok(Tier::Hbm));
-    assert_eq!(
         tier_of(Mp::Nil),
         Ok(Tier::Hbm),
         "vLLM's optional medium is the GPU pool"
     );
-    for sglang_only in ["CPU_PINNED", "DISK", "EXTERNAL", "disk"] {
+    // Exact names: vLLM's connectors' "cpu" stores are never removed, so never indexed.
+    for unknown in ["cpu", "Gpu"] {
+        assert_eq!(
+            tier_of(s(unknown)),
+            Err(SkipReason::UnknownMedium(unknown.into()))
+        );
+    }
+    for sglang_only in ["CPU_PINNED", "DISK", "EXTERNAL"] {
         assert_eq!(
             tier_of(s(sglang_only)),
             Err(SkipReason::UnknownMedium(sglang_only.into()))
@@ -967,6 +968,13 @@ fn a_skipped_event_that_may_be_a_removal_hides_one() {
     // SGLang follows the same rule.
     let sglang = decode_batch(&one_map(vllm_removed(s("TAPE")))).unwrap();
     assert!(sglang.hides_removal);
+    // Blocks of a kind never indexed: their removal hides nothing.
+    let mut swa = vllm_removed(s("CPU"));
+    swa.push(("kv_cache_spec_kind", s("sliding_window")));
+    assert_eq!(
+        vllm(swa),
+        (Err(SkipReason::SpecKind("sliding_window".into())), false)
+    );
     let external = decode_batch(&one_map(vllm_removed(s("EXTERNAL")))).unwrap();
     assert!(!external.hides_removal, "EXTERNAL is never indexed");
 }

@@ -131,16 +131,23 @@ impl Reported {
         let mut found = [false; 2];
         let mut requests = 0usize;
         for line in text.lines() {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
+            // `name{labels} value [timestamp]`: the value is the first token after the series.
+            let series_end = line.find('}').map_or_else(
+                || line.find(char::is_whitespace).unwrap_or(line.len()),
+                |brace| brace + 1,
+            );
+            let (series, rest) = line.split_at(series_end);
             let name = series.split('{').next().unwrap_or(series);
             let gauge = match name {
                 "vllm:num_requests_running" => 0,
                 "vllm:num_requests_waiting" => 1,
                 _ => continue,
             };
-            let Ok(value) = value.parse::<f64>() else {
+            let value = rest
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok());
+            let Some(value) = value.filter(|v| v.is_finite()) else {
                 continue;
             };
             found[gauge] = true;
@@ -473,7 +480,8 @@ mod tests {
             vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
             vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 1.0\n\
             vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
-            vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 0.0\n\
+            vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 0.0 1767225600000\n\
+            vllm:num_requests_waiting{engine=\"2\",model_name=\"m\"} +Inf\n\
             vllm:num_requests_waiting_by_reason{reason=\"capacity\"} 9.0\n";
         assert_eq!(Reported::parse_vllm(two_engines).unwrap(), (6, None));
         let source = LoadSource::VllmMetrics;

@@ -221,3 +221,18 @@ async fn serves_vllms_api_not_sglangs() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[test]
+fn a_removal_of_several_blocks_is_one_vllm_event_per_block() {
+    let removed = Event::BlockRemoved(BlockRemoved {
+        block_hashes: vec![7, -8],
+        medium: Medium::CpuPinned,
+    });
+    let payload = Encoder::new(Encoding::Vllm).batch(1.0, &[removed], Some(0));
+    let batch = kv_events::decode_engine_batch(kv_events::Engine::Vllm, &payload).unwrap();
+    let one = |hash| kv_events::Event::BlockRemoved {
+        block_hashes: vec![hash],
+        tier: kv_index::Tier::Dram,
+    };
+    assert_eq!(batch.events, vec![one(7), one(-8)]);
+}

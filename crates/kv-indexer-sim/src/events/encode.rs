@@ -64,7 +64,12 @@ impl Encoder {
     ) {
         ok(encode::write_array_len(out, 3));
         ok(encode::write_f64(out, ts));
-        ok(encode::write_array_len(out, len32(events.len())));
+        // vLLM's block pool writes one `BlockRemoved` per evicted block.
+        let count = match self.encoding {
+            Encoding::Vllm => events.iter().map(vllm_event_count).sum(),
+            Encoding::Map | Encoding::Array => events.len(),
+        };
+        ok(encode::write_array_len(out, len32(count)));
         for event in events {
             match self.encoding {
                 Encoding::Map => self.map_event(event, out),
@@ -218,20 +223,30 @@ fn vllm_event(event: &Event, out: &mut Vec<u8>) {
             block_hashes,
             medium,
         }) => {
-            ok(encode::write_map_len(out, 4));
-            key(out, "type", |out| write_str(out, "BlockRemoved"));
-            key(out, "block_hashes", |out| {
-                write_vllm_hashes(out, block_hashes)
-            });
-            key(out, "medium", |out| write_str(out, medium.vllm_str()));
-            key(out, "group_idx", |out| {
-                ok(encode::write_uint(out, 0));
-            });
+            for hash in block_hashes {
+                ok(encode::write_map_len(out, 4));
+                key(out, "type", |out| write_str(out, "BlockRemoved"));
+                key(out, "block_hashes", |out| {
+                    write_vllm_hashes(out, std::slice::from_ref(hash));
+                });
+                key(out, "medium", |out| write_str(out, medium.vllm_str()));
+                key(out, "group_idx", |out| {
+                    ok(encode::write_uint(out, 0));
+                });
+            }
         }
         Event::AllBlocksCleared => {
             ok(encode::write_map_len(out, 1));
             key(out, "type", |out| write_str(out, "AllBlocksCleared"));
         }
+    }
+}
+
+/// How many events `event` is on vLLM's wire: a removal per block.
+fn vllm_event_count(event: &Event) -> usize {
+    match event {
+        Event::BlockRemoved(removed) => removed.block_hashes.len(),
+        Event::BlockStored(_) | Event::AllBlocksCleared => 1,
     }
 }
 
