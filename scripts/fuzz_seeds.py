@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of the cargo-fuzz targets from the captured SGLang fixtures.
+"""Writes the seed corpora of the cargo-fuzz targets from the captured SGLang and vLLM fixtures.
 
-decode_batch: every captured msgpack payload; zmq_frames: every captured multipart message,
+decode_batch: every captured msgpack payload (both engines); zmq_frames: every captured multipart message,
 each frame as a little-endian u32 length then its bytes; grpc_index: every payload with its
 u32 length in front (the operations after it start empty). Usage: fuzz_seeds.py CORPUS_DIR
 """
@@ -27,6 +27,11 @@ def main() -> None:
             seeds["grpc_index"].append(prefixed(payload))
     for line in (FIXTURES / "zmq-frames-0.5.23.jsonl").read_text().splitlines():
         frames = [bytes.fromhex(f) for f in json.loads(line)["frames_hex"]]
+        seeds["zmq_frames"].append(b"".join(prefixed(f) for f in frames))
+    vllm = json.loads((FIXTURES / "vllm-events-0.33.0.json").read_text())
+    for case in vllm["cases"]:
+        frames = [bytes.fromhex(f) for f in case["frames_hex"]]
+        seeds["decode_batch"].append(frames[2])
         seeds["zmq_frames"].append(b"".join(prefixed(f) for f in frames))
     for target, inputs in seeds.items():
         directory = corpus / target

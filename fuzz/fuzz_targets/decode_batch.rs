@@ -1,17 +1,21 @@
-//! The msgpack batch decoder, from any bytes: decoding never panics, and whatever decodes maps
+//! The msgpack batch decoder, from any bytes and as either engine (SGLang, vLLM): decoding never
+//! panics, and whatever decodes maps
 //! and splits into apply messages the server accepts (a bridge never sends a batch the Indexer
 //! would reject as INVALID_ARGUMENT, which would stop it).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use kv_indexer_proto::convert;
-use sgl_kv_indexer_fuzz::bridge_messages;
+use kv_events::Engine;
+use sgl_kv_indexer_fuzz::engine_messages;
 
 fuzz_target!(|payload: &[u8]| {
-    for message in bridge_messages(payload, "worker-0").unwrap_or_default() {
-        let request = convert::apply_request(message);
-        if let Err(error) = request.clone().validate() {
-            panic!("a decodable batch mapped to a rejected apply: {error}\n{request:?}");
+    for engine in [Engine::Sglang, Engine::Vllm] {
+        for message in engine_messages(engine, payload, "worker-0").unwrap_or_default() {
+            let request = convert::apply_request(message);
+            if let Err(error) = request.clone().validate() {
+                panic!("a decodable {engine:?} batch mapped to a rejected apply: {error}\n{request:?}");
+            }
         }
     }
 });

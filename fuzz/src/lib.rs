@@ -8,9 +8,18 @@ use kv_indexer_proto::v1 as pb;
 /// The tiers a bridge clears by default.
 pub const TIERS: [Tier; 3] = [Tier::Hbm, Tier::Dram, Tier::Ssd];
 
-/// The apply messages a bridge sends for `payload` (through the bridge's own
+/// The apply messages an SGLang bridge sends for `payload` (through the bridge's own
 /// `kv_bridge::batch`), or `None` when the batch is rejected.
 pub fn bridge_messages(
+    payload: &[u8],
+    worker_id: &str,
+) -> Option<Vec<pb::ApplyExternalKvBatchRequest>> {
+    engine_messages(kv_events::Engine::Sglang, payload, worker_id)
+}
+
+/// As [`bridge_messages`], for a bridge following `engine`.
+pub fn engine_messages(
+    engine: kv_events::Engine,
     payload: &[u8],
     worker_id: &str,
 ) -> Option<Vec<pb::ApplyExternalKvBatchRequest>> {
@@ -18,7 +27,7 @@ pub fn bridge_messages(
         worker_id: worker_id.into(),
         ..WorkerHeader::default()
     };
-    kv_bridge::batch::messages(kv_events::Engine::Sglang, payload, &header, 0, &TIERS).ok()
+    kv_bridge::batch::messages(engine, payload, &header, 0, &TIERS).ok()
 }
 
 /// Splits `data` into `(length-prefixed part, rest)`: a little-endian u32 length, then that many
