@@ -217,8 +217,16 @@ def main():
     p.add_argument("--zipf", type=float, default=0.8, help="shared-prefix: group popularity")
     p.add_argument("--out", default=os.path.join(rb.ROOT, "bench/routing"))
     p.add_argument("--no-build", action="store_true")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=POLICY FLAGS",
+                   help="a policy of a known one plus router flags, e.g. "
+                        "'balanced_4=indexer --balance-abs-threshold 4'")
     rb.add_fleet_arguments(p)
     args = p.parse_args()
+    for variant in args.variant:
+        name, _, spec = variant.partition("=")
+        base, *flags = shlex.split(spec)
+        POLICIES[name] = POLICIES[base] + flags
+    os.makedirs(args.out, exist_ok=True)
     if not args.no_build:
         rb.build()
     model = rb.TimeModel(args)
