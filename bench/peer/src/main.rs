@@ -21,7 +21,13 @@
 //! [HINTS]]]`, comma-separated lists as for `replay.rs` (same `REPLAY_*` variables); HINTS (for
 //! kv-index's REPORTs; the peer always gets parent hashes) default to `on`. `PEER_THREADS` sets
 //! the peer's write threads (default: `KvRouterConfig::default().router_event_threads`).
+//!
+//! With `--combined` (anywhere on the line): the combined run of [`combined`] instead, one
+//! applying and one querying thread on each side, `PEER_COMBINED_RUNS` (3) interleaved runs per
+//! configuration (default splits 8 and 32), the peer with `PEER_COMBINED_THREADS` (1) write
+//! threads.
 
+mod combined;
 mod compare;
 mod counter;
 mod peer;
@@ -296,8 +302,97 @@ fn waited(row: &Row) -> String {
         .map_or("n/a".to_owned(), |wait| format!("{} ms", wait.as_millis()))
 }
 
+/// A positive number from `var`, or `default`.
+fn env_count(var: &str, default: usize) -> usize {
+    let value = std::env::var(var)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .map_or(default, |v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{var}: a number"))
+        });
+    assert!(value > 0, "{var} must be positive");
+    value
+}
+
+/// The combined runs: per configuration, `runs` of each side, interleaved (ours first in even
+/// runs, the peer first in odd ones); every run printed, then the medians.
+fn run_combined(settings: &plan::Settings, trace: &[Vec<u64>]) {
+    let runs = env_count("PEER_COMBINED_RUNS", 3);
+    let threads = env_count("PEER_COMBINED_THREADS", 1);
+    counter::set(Mode::Off);
+    println!(
+        "combined: 1 applying + 1 querying thread; peer ThreadPoolIndexer<ConcurrentRadixTreeCompressed>          with {threads} write thread(s); {runs} interleaved runs each"
+    );
+    let row = |side: &str, run: usize, c: &combined::Combined| {
+        println!(
+            "{side:<8} run {run}: {:>8.2} M pages/s applied, {:>9.0} queries/s, {:>9.0} ops/s,              query p50 {:>8.2} µs p99 {:>9.2} µs max {:>10.2} µs ({} queries, {:.0} ms)",
+            c.pages_per_second() / 1e6,
+            c.queries_per_second(),
+            c.ops_per_second(),
+            c.p50_us,
+            c.p99_us,
+            c.max_us,
+            c.queries,
+            c.wall.as_secs_f64() * 1e3
+        );
+    };
+    for &split in &settings.splits(&[8, 32]) {
+        for &workers in &settings.workers(&DEFAULT_WORKERS) {
+            let mut replay = Replay::new(trace, workers, split, true);
+            replay.ingest(&mut Index::new());
+            let applies = combined::applies(&replay);
+            let events = peer::stored_events(&replay);
+            println!(
+                "{workers} workers, split {split}: {} applies, {} stored events",
+                applies.len(),
+                events.len()
+            );
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for run in 0..runs {
+                let mut one_each = |first_ours: bool| {
+                    if first_ours {
+                        ours.push(combined::ours(&replay.pages, &applies));
+                        row("kv-index", run, ours.last().unwrap());
+                    } else {
+                        theirs.push(combined::theirs(&replay, events.clone(), threads));
+                        row("peer", run, theirs.last().unwrap());
+                    }
+                };
+                one_each(run % 2 == 0);
+                one_each(run % 2 == 1);
+            }
+            let median = |side: &[combined::Combined], f: fn(&combined::Combined) -> f64| {
+                let mut values: Vec<f64> = side.iter().map(f).collect();
+                values.sort_by(f64::total_cmp);
+                values[values.len() / 2]
+            };
+            let lines: [(&str, fn(&combined::Combined) -> f64, bool); 5] = [
+                ("combined ops/s", combined::Combined::ops_per_second, true),
+                ("pages applied/s", combined::Combined::pages_per_second, true),
+                ("queries/s", combined::Combined::queries_per_second, true),
+                ("query p50 µs", |c| c.p50_us, false),
+                ("query p99 µs", |c| c.p99_us, false),
+            ];
+            println!("{:<18} {:>14} {:>14} {:>8}", "median", "kv-index", "peer", "ours ×");
+            for (name, f, higher_is_better) in lines {
+                let (a, b) = (median(&ours, f), median(&theirs, f));
+                let ratio = if higher_is_better { a / b } else { b / a };
+                println!("{name:<18} {a:>14.2} {b:>14.2} {ratio:>8.2}");
+            }
+            println!();
+        }
+    }
+}
+
 fn main() {
     let settings = plan::Settings::from_env();
+    if std::env::args().any(|arg| arg == "--combined") {
+        let trace = settings.trace(DEFAULT_TRACE);
+        run_combined(&settings, &trace);
+        return;
+    }
     let workers = settings.workers(&DEFAULT_WORKERS);
     let splits = settings.splits(&DEFAULT_SPLITS);
     let hint_modes = settings.hints(&[true]);

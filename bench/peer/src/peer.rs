@@ -134,6 +134,14 @@ pub fn stored_events(replay: &Replay) -> Vec<RouterEvent> {
     events
 }
 
+/// The pages a stored event carries (0 for any other event).
+pub fn stored_pages(event: &RouterEvent) -> usize {
+    match &event.event.data {
+        KvCacheEventData::Stored(store) => store.blocks.len(),
+        _ => 0,
+    }
+}
+
 /// The removed events of the plan's REVOKE of every placement.
 pub fn removed_events(replay: &Replay) -> Vec<RouterEvent> {
     let mut events = Vec::new();
