@@ -321,13 +321,18 @@ fn env_count(var: &str, default: usize) -> usize {
 fn run_combined(settings: &plan::Settings, trace: &[Vec<u64>]) {
     let runs = env_count("PEER_COMBINED_RUNS", 3);
     let threads = env_count("PEER_COMBINED_THREADS", 1);
+    let fair = std::env::var("PEER_COMBINED_FAIR").is_ok_and(|v| v.trim() == "1");
     counter::set(Mode::Off);
     println!(
-        "combined: 1 applying + 1 querying thread; peer ThreadPoolIndexer<ConcurrentRadixTreeCompressed>          with {threads} write thread(s); {runs} interleaved runs each"
+        "combined: 1 applying + 1 querying thread; kv-index's applier unlocks {}; peer \
+         ThreadPoolIndexer<ConcurrentRadixTreeCompressed> with {threads} write thread(s); \
+         {runs} interleaved runs each",
+        if fair { "fairly" } else { "as the server's writer does (plain drop)" }
     );
     let row = |side: &str, run: usize, c: &combined::Combined| {
         println!(
-            "{side:<8} run {run}: {:>8.2} M pages/s applied, {:>9.0} queries/s, {:>9.0} ops/s,              query p50 {:>8.2} µs p99 {:>9.2} µs max {:>10.2} µs ({} queries, {:.0} ms)",
+            "{side:<8} run {run}: {:>8.2} M pages/s applied, {:>9.0} queries/s, {:>9.0} ops/s, \
+             query p50 {:>8.2} µs p99 {:>9.2} µs max {:>10.2} µs ({} queries, {:.0} ms)",
             c.pages_per_second() / 1e6,
             c.queries_per_second(),
             c.ops_per_second(),
@@ -353,7 +358,7 @@ fn run_combined(settings: &plan::Settings, trace: &[Vec<u64>]) {
             for run in 0..runs {
                 let mut one_each = |first_ours: bool| {
                     if first_ours {
-                        ours.push(combined::ours(&replay.pages, &applies));
+                        ours.push(combined::ours(&replay.pages, &applies, fair));
                         row("kv-index", run, ours.last().unwrap());
                     } else {
                         theirs.push(combined::theirs(&replay, events.clone(), threads));

@@ -1,0 +1,166 @@
+//! The combined run: one thread applies the second half of a configuration's stored pages while
+//! another answers the trace's prefix queries, round after round, until the applies are done.
+//!
+//! - kv-index as the server arranges it: the index behind a `parking_lot::RwLock` (task-fair:
+//!   a waiting writer holds new readers back), the applier taking the write lock for each apply
+//!   (the server's writer thread does the same, one record at a time), the querier a read lock
+//!   for each `match_prefix_hits` (with `PEER_COMBINED_FAIR=1` the applier unlocks fairly,
+//!   handing the lock to a waiting querier: not what the server does, a measured alternative);
+//! - the peer with `PEER_COMBINED_THREADS` write threads (default 1): the applier enqueues its
+//!   stored events and waits for the barrier, the querier calls `find_matches` inline, as
+//!   Dynamo's router does.
+//!
+//! Both start from the first half applied untimed. Each query is timed with its lock wait;
+//! "combined ops/s" is (pages applied + queries answered) / wall time.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use dynamo_kv_router::protocols::RouterEvent;
+use kv_index::{Index, ValidApply};
+use parking_lot::{RwLock, RwLockWriteGuard};
+
+use crate::peer::{self, Peer};
+use crate::plan::{Fleet, Pages, REPORT, Replay, action, per_second, percentile_us, reports};
+
+/// What one side measured in one run.
+pub struct Combined {
+    pub wall: Duration,
+    pub pages: usize,
+    pub queries: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Combined {
+    fn new(wall: Duration, pages: usize, mut ns: Vec<u64>) -> Combined {
+        ns.sort_unstable();
+        Combined {
+            wall,
+            pages,
+            queries: ns.len(),
+            p50_us: percentile_us(&ns, 50.0),
+            p99_us: percentile_us(&ns, 99.0),
+            max_us: percentile_us(&ns, 100.0),
+        }
+    }
+
+    pub fn pages_per_second(&self) -> f64 {
+        per_second(self.pages, self.wall)
+    }
+
+    pub fn queries_per_second(&self) -> f64 {
+        per_second(self.queries, self.wall)
+    }
+
+    pub fn ops_per_second(&self) -> f64 {
+        per_second(self.pages + self.queries, self.wall)
+    }
+}
+
+/// kv-index's applies of the last ingest of `replay` (the REPORTs it made, validated), each
+/// with its page count, in ingest order: what the peer's stored events carry.
+pub fn applies(replay: &Replay) -> Vec<(ValidApply, usize)> {
+    let requests = replay.pages.len();
+    let mut fleet = Fleet::new(replay.fleet.ids.len(), requests);
+    let mut applies = Vec::new();
+    for (r, &held) in replay.reported_from.iter().enumerate() {
+        let hashes = replay.pages.request(r);
+        for (start, chunk) in reports(hashes, held) {
+            let mut report = action(REPORT, chunk.to_vec(), vec![replay.page_tokens; chunk.len()]);
+            if replay.hints && start > 0 {
+                report.parent_block_hash = Some(hashes[start - 1]);
+            }
+            let request = fleet.apply_request(replay.fleet.assignment[r], report);
+            let valid = request.validate().expect("the benchmark builds valid applies");
+            applies.push((valid, chunk.len()));
+        }
+    }
+    applies
+}
+
+/// Runs `query` on every request in turn, round after round, until `done`; each timed.
+fn answer_until(
+    pages: &Pages,
+    start: &Barrier,
+    done: &AtomicBool,
+    mut query: impl FnMut(usize),
+) -> Vec<u64> {
+    let mut ns = Vec::new();
+    start.wait();
+    for r in (0..pages.len()).cycle() {
+        if done.load(Ordering::Relaxed) {
+            break;
+        }
+        let began = Instant::now();
+        query(r);
+        ns.push(began.elapsed().as_nanos() as u64);
+    }
+    ns
+}
+
+/// kv-index: the first half of `applies` untimed, then the second half against the querier.
+/// The applier drops its write lock as the server's writer does, or with `fair` hands it to the
+/// waiting querier (`unlock_fair`), an arrangement the server does not use.
+pub fn ours(pages: &Pages, applies: &[(ValidApply, usize)], fair: bool) -> Combined {
+    let (before, timed) = applies.split_at(applies.len() / 2);
+    let index = Arc::new(RwLock::new(Index::new()));
+    for (valid, _) in before {
+        index.write().apply(valid);
+    }
+    let start = Barrier::new(2);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let querier = scope.spawn(|| {
+            answer_until(pages, &start, &done, |r| {
+                let answer = index.read().match_prefix_hits(pages.request(r), 0);
+                std::hint::black_box(answer).expect("valid query");
+            })
+        });
+        start.wait();
+        let began = Instant::now();
+        for (valid, _) in timed {
+            let mut writer = index.write();
+            writer.apply(valid);
+            if fair {
+                RwLockWriteGuard::unlock_fair(writer);
+            }
+        }
+        let wall = began.elapsed();
+        done.store(true, Ordering::Relaxed);
+        let ns = querier.join().expect("the querier ran");
+        let all: usize = applies.iter().map(|(_, n)| n).sum();
+        assert_eq!(index.read().stats().placements, all, "every page placed");
+        Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns)
+    })
+}
+
+/// The peer: the same pages as stored events, the second half against the querier.
+pub fn theirs(replay: &Replay, events: Vec<RouterEvent>, threads: usize) -> Combined {
+    let mut events = events;
+    let all: usize = events.iter().map(peer::stored_pages).sum();
+    let timed = events.split_off(events.len() / 2);
+    let pages_timed = timed.iter().map(peer::stored_pages).sum();
+    let peer = Peer::new(threads, replay.page_tokens);
+    peer.apply(events, None);
+    let local = peer::local_hashes(&replay.pages);
+    let offsets = &replay.pages.offsets;
+    let start = Barrier::new(2);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let querier = scope.spawn(|| {
+            answer_until(&replay.pages, &start, &done, |r| {
+                let sequence = &local[offsets[r]..offsets[r + 1]];
+                std::hint::black_box(peer.find_matches(sequence));
+            })
+        });
+        start.wait();
+        let wall = peer.apply(timed, None);
+        done.store(true, Ordering::Relaxed);
+        let ns = querier.join().expect("the querier ran");
+        assert_eq!(peer.placements(), all, "the peer stored every page");
+        Combined::new(wall, pages_timed, ns)
+    })
+}
