@@ -217,6 +217,8 @@ def main():
     p.add_argument("--zipf", type=float, default=0.8, help="shared-prefix: group popularity")
     p.add_argument("--out", default=os.path.join(rb.ROOT, "bench/routing"))
     p.add_argument("--no-build", action="store_true")
+    p.add_argument("--only-first-gateway", action="store_true",
+                   help="a control: every request to router 0, the other R - 1 routers idle")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=POLICY FLAGS",
                    help="a policy of a known one plus router flags, e.g. "
                         "'balanced_4=indexer --balance-abs-threshold 4'")

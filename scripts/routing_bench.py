@@ -329,8 +329,12 @@ def arrivals(requests, seed):
     return [max(0.0, t + rng.uniform(-0.5, 0.5) * gap) for t in times]
 
 
-def gateways(n, routers, seed):
-    """The router each request is sent to: in turn, or with a seed drawn at random."""
+def gateways(n, routers, seed, only_first=False):
+    """The router each request is sent to: in turn, or with a seed drawn at random; with
+    `only_first`, router 0 takes every request while the others run idle (a control: what R
+    router processes cost the machine, apart from what R routers' decisions do)."""
+    if only_first:
+        return [0] * n
     if seed is None or routers == 1:
         return [i % routers for i in range(n)]
     rng = random.Random(seed * 7919 + routers)
@@ -354,7 +358,7 @@ def run_policy(args, model, trace, requests, bodies, name, router_args, load, ca
     native_rate = (len(requests) - 1) / max(times[-1], 1e-9)
     # No load: the requests' own times are model time (a workload made for its arrival shape).
     stretch = (native_rate / (load * capacity) if load else 1.0) / model.speedup
-    sent_to = gateways(len(requests), routers, seed)
+    sent_to = gateways(len(requests), routers, seed, getattr(args, "only_first_gateway", False))
     start = time.time() + 0.5
 
     def do_restart():
