@@ -204,7 +204,7 @@ class Fleet:
         self.indexer = f"127.0.0.1:{port}"
         self.start("server", [f"{BIN}/kv-indexer-server", "--listen-addr", self.indexer])
         self.urls = []
-        engine = getattr(args, "engine", "sglang")
+        engine = args.engine
         for i in range(args.workers):
             http_port, events = port + 10 + i, port + 100 + i
             self.start(f"sim-{i}", [

@@ -163,14 +163,16 @@ fn event(engine: Engine, raw: Field<RawEvent>) -> Result<Event, SkipReason> {
 /// vLLM's group and spec kind: group 0 (or none) of full or MLA attention is what a prefix
 /// match means; anything else is refused.
 fn vllm_group(raw: &RawEvent) -> Result<(), SkipReason> {
-    match optional(raw.group_idx.clone(), "group_idx is not an integer")? {
-        None | Some(0) => {}
-        Some(group) => return Err(SkipReason::HybridGroup(group)),
+    match raw.group_idx {
+        Field::Missing | Field::Value(0) => {}
+        Field::Value(group) => return Err(SkipReason::HybridGroup(group)),
+        Field::Bad => return Err(SkipReason::Malformed("group_idx is not an integer")),
     }
-    match optional(raw.spec_kind.clone(), "kv_cache_spec_kind is not a string")? {
-        None => Ok(()),
-        Some(kind) if kind == "full_attention" || kind == "mla_attention" => Ok(()),
-        Some(kind) => Err(SkipReason::SpecKind(kind)),
+    match &raw.spec_kind {
+        Field::Missing => Ok(()),
+        Field::Value(kind) if kind == "full_attention" || kind == "mla_attention" => Ok(()),
+        Field::Value(kind) => Err(SkipReason::SpecKind(kind.clone())),
+        Field::Bad => Err(SkipReason::Malformed("kv_cache_spec_kind is not a string")),
     }
 }
 

@@ -32,15 +32,6 @@ pub enum Engine {
     Vllm,
 }
 
-impl Engine {
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::Sglang => "sglang",
-            Engine::Vllm => "vllm",
-        }
-    }
-}
-
 impl std::str::FromStr for Engine {
     type Err = String;
 

@@ -8,7 +8,7 @@ use kv_events::{
     parse_replay, replay_request,
 };
 use kv_index::Tier;
-use kv_testkit::fixtures::{hex_frames, vllm_events, vllm_hash};
+use kv_testkit::fixtures::{hex_frames, vllm_case, vllm_events, vllm_hash};
 use serde_json::Value;
 
 fn tier(medium: &Value) -> Tier {
@@ -106,13 +106,7 @@ fn both_hash_forms_of_one_block_are_one_hash() {
         );
     }
     let case = |name: &str| {
-        let case = capture["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap();
-        let frames = hex_frames(&case["frames_hex"]);
+        let frames = hex_frames(&vllm_case(&capture, name)["frames_hex"]);
         decode_engine_batch(Engine::Vllm, parse_live(&frames).unwrap().payload)
             .unwrap()
             .events
@@ -163,13 +157,7 @@ fn the_replay_exchange_parses() {
 #[test]
 fn engines_stay_apart() {
     let capture = vllm_events();
-    let case = capture["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "stored_medium_cpu")
-        .unwrap();
-    let frames = hex_frames(&case["frames_hex"]);
+    let frames = hex_frames(&vllm_case(&capture, "stored_medium_cpu")["frames_hex"]);
     let payload = parse_live(&frames).unwrap().payload;
     // SGLang has no medium "CPU", and a vLLM digest is not an SGLang hash.
     let sglang = decode_batch(payload).unwrap();
@@ -177,13 +165,7 @@ fn engines_stay_apart() {
         sglang.skipped,
         vec![SkipReason::UnknownMedium("CPU".into())]
     );
-    let digests = capture["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "stored_bytes_parent_none")
-        .unwrap();
-    let frames = hex_frames(&digests["frames_hex"]);
+    let frames = hex_frames(&vllm_case(&capture, "stored_bytes_parent_none")["frames_hex"]);
     let sglang = decode_batch(parse_live(&frames).unwrap().payload).unwrap();
     assert!(
         matches!(sglang.skipped[..], [SkipReason::Malformed(_)]),

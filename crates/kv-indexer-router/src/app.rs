@@ -26,7 +26,7 @@ use tracing::{info, warn};
 use crate::config::HashingSource;
 use crate::observe::{Answer, RequestMetrics};
 use crate::policy::{Decision, Policy, Rejected};
-use crate::workers::{LoadGuard, Recheck, Worker, Workers};
+use crate::workers::{LoadGuard, Recheck, Worker, Workers, prometheus_sample};
 
 pub struct AppState {
     pub workers: Arc<Workers>,
@@ -442,16 +442,13 @@ async fn worker_hashing(
 /// The labels of vLLM's `vllm:cache_config_info` gauge (its `CacheConfig`, one label per field),
 /// from the first such series in a Prometheus text page; empty when there is none.
 pub fn vllm_cache_config(text: &str) -> std::collections::HashMap<String, String> {
-    let Some(line) = text
+    let Some((_, labels, _)) = text
         .lines()
-        .find(|line| line.starts_with("vllm:cache_config_info{"))
+        .filter_map(prometheus_sample)
+        .find(|(name, _, _)| *name == "vllm:cache_config_info")
     else {
         return Default::default();
     };
-    let labels = line
-        .split_once('{')
-        .and_then(|(_, rest)| rest.rsplit_once('}'))
-        .map_or("", |(labels, _)| labels);
     let mut parsed = std::collections::HashMap::new();
     let mut rest = labels;
     while let Some((name, after)) = rest.split_once("=\"") {

@@ -95,6 +95,24 @@ impl LoadSource {
     }
 }
 
+/// One sample line of a Prometheus text page, `name{labels} value [timestamp]`, as `(name, the
+/// labels between the braces, the value token)`; `None` for comments and lines without a value.
+pub fn prometheus_sample(line: &str) -> Option<(&str, &str, &str)> {
+    if line.starts_with('#') {
+        return None;
+    }
+    let (name, labels, rest) = match (line.find('{'), line.rfind('}')) {
+        (Some(open), Some(close)) if open < close => {
+            (&line[..open], &line[open + 1..close], &line[close + 1..])
+        }
+        _ => {
+            let end = line.find(char::is_whitespace)?;
+            (&line[..end], "", &line[end..])
+        }
+    };
+    Some((name, labels, rest.split_whitespace().next()?))
+}
+
 /// Why a load report cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadReportError {
@@ -130,23 +148,13 @@ impl Reported {
     pub fn parse_vllm(text: &str) -> Result<(usize, Option<usize>), LoadReportError> {
         let mut found = [false; 2];
         let mut requests = 0usize;
-        for line in text.lines() {
-            // `name{labels} value [timestamp]`: the value is the first token after the series.
-            let series_end = line.find('}').map_or_else(
-                || line.find(char::is_whitespace).unwrap_or(line.len()),
-                |brace| brace + 1,
-            );
-            let (series, rest) = line.split_at(series_end);
-            let name = series.split('{').next().unwrap_or(series);
+        for (name, _, value) in text.lines().filter_map(prometheus_sample) {
             let gauge = match name {
                 "vllm:num_requests_running" => 0,
                 "vllm:num_requests_waiting" => 1,
                 _ => continue,
             };
-            let value = rest
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<f64>().ok());
+            let value = value.parse::<f64>().ok();
             let Some(value) = value.filter(|v| v.is_finite()) else {
                 continue;
             };

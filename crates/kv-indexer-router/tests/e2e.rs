@@ -13,7 +13,6 @@ use kv_bridge::stats::Stats;
 use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_indexer_router::config::{Args, RouterConfig};
 use kv_indexer_router::policy::Policy;
-use kv_indexer_sim::events::Encoding;
 use kv_indexer_sim::{Config as SimConfig, Listeners, Worker};
 use kv_testkit::indexer::prefix_request;
 use kv_testkit::{BridgeFlags, TestIndexer, wait};
@@ -456,12 +455,7 @@ impl TestRouter {
 
 /// A simulated vLLM worker (sha256 block hashes, 16 tokens a block).
 fn vllm_sim() -> SimConfig {
-    let mut sim = SimConfig {
-        vllm: Some(VllmHasher::new(VllmHashAlgo::Sha256, 16, None).unwrap()),
-        ..SimConfig::default()
-    };
-    sim.publisher.encoder.encoding = Encoding::Vllm;
-    sim
+    SimConfig::default().vllm(VllmHasher::new(VllmHashAlgo::Sha256, 16, None).unwrap())
 }
 
 #[tokio::test]

@@ -313,6 +313,13 @@ impl Config {
         })
     }
 
+    /// This worker as vLLM, hashing with `hasher`: vLLM's hashes, events and API.
+    pub fn vllm(mut self, hasher: VllmHasher) -> Config {
+        self.vllm = Some(hasher);
+        self.publisher.encoder.encoding = Encoding::Vllm;
+        self
+    }
+
     /// How the engine hashes its pages (`block_size` = page size, dcp_size being 1).
     pub fn hash(&self) -> BlockHasher {
         match self.vllm {

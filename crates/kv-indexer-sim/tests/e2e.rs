@@ -214,10 +214,8 @@ fn config() -> Config {
 }
 
 /// `config()` as a vLLM worker: vLLM's hashes, events and API.
-fn vllm(mut config: Config) -> Config {
-    config.vllm = Some(VllmHasher::new(VllmHashAlgo::Sha256, PAGE, None).unwrap());
-    config.publisher.encoder.encoding = Encoding::Vllm;
-    config
+fn vllm(config: Config) -> Config {
+    config.vllm(VllmHasher::new(VllmHashAlgo::Sha256, PAGE, None).unwrap())
 }
 
 #[tokio::test]

@@ -56,12 +56,7 @@ fn simulated(event: &Value) -> Option<Event> {
 
 /// A test worker (`Config::default()`) as vLLM with 16-token blocks.
 fn vllm_config() -> Config {
-    let mut config = Config {
-        vllm: Some(VllmHasher::new(VllmHashAlgo::Sha256, 16, None).unwrap()),
-        ..Config::default()
-    };
-    config.publisher.encoder.encoding = Encoding::Vllm;
-    config
+    Config::default().vllm(VllmHasher::new(VllmHashAlgo::Sha256, 16, None).unwrap())
 }
 
 #[test]

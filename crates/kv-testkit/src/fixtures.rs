@@ -48,6 +48,16 @@ pub fn vllm_events() -> Value {
     serde_json::from_str(&text).expect("the vLLM capture is JSON")
 }
 
+/// The captured case `name` of the vLLM capture.
+pub fn vllm_case<'a>(capture: &'a Value, name: &str) -> &'a Value {
+    capture["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|case| case["name"] == name)
+        .unwrap_or_else(|| panic!("no case {name} in the vLLM capture"))
+}
+
 /// The frames of a captured message (`frames_hex`, or one reply of `reply_messages_hex`).
 pub fn hex_frames(frames: &Value) -> Vec<Vec<u8>> {
     frames

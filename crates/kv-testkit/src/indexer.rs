@@ -80,6 +80,35 @@ pub fn prefix_request(hashes: Vec<i64>) -> pb::MatchExternalKvPrefixRequest {
 /// What a worker holds, by tier number.
 pub type Held = BTreeMap<i32, BTreeSet<i64>>;
 
+/// `held` after `events`, decoded events as a fixture writes them (`type`, `block_hashes`,
+/// `medium`): what a test expects of the index, computed without the bridge's decoder.
+/// `tier` names a medium's tier, `hashes` reads an event's block hashes; tiers left empty are
+/// dropped.
+pub fn apply_events<'a>(
+    held: &mut Held,
+    events: impl IntoIterator<Item = &'a serde_json::Value>,
+    tier: impl Fn(&serde_json::Value) -> i32,
+    hashes: impl Fn(&serde_json::Value) -> Vec<i64>,
+) {
+    for event in events {
+        match event["type"].as_str().expect("an event type") {
+            "BlockStored" => held
+                .entry(tier(&event["medium"]))
+                .or_default()
+                .extend(hashes(event)),
+            "BlockRemoved" => {
+                let set = held.entry(tier(&event["medium"])).or_default();
+                for hash in hashes(event) {
+                    set.remove(&hash);
+                }
+            }
+            "AllBlocksCleared" => held.clear(),
+            other => panic!("unexpected event {other}"),
+        }
+    }
+    held.retain(|_, set| !set.is_empty());
+}
+
 /// A server on `127.0.0.1`, stopped when dropped.
 pub struct TestIndexer {
     pub shared: Arc<Shared>,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kv_bridge::BridgeError;
 use kv_bridge::stats::Stats;
-use kv_testkit::indexer::Held;
+use kv_testkit::indexer::{Held, apply_events};
 use kv_testkit::worker::{Captured, TOPIC, batch, captured, removed, stored};
 use kv_testkit::{BridgeFlags, FakeWorker, RunningBridge, TestIndexer, wait};
 use serde_json::Value;
@@ -29,23 +29,7 @@ fn simulate<'a>(events: impl IntoIterator<Item = &'a Value>) -> Held {
         serde_json::from_value(event["block_hashes"].clone()).unwrap()
     };
     let mut held = Held::new();
-    for event in events {
-        match event["type"].as_str().unwrap() {
-            "BlockStored" => held
-                .entry(tier(&event["medium"]))
-                .or_default()
-                .extend(hashes(event)),
-            "BlockRemoved" => {
-                let set = held.entry(tier(&event["medium"])).or_default();
-                for hash in hashes(event) {
-                    set.remove(&hash);
-                }
-            }
-            "AllBlocksCleared" => held.clear(),
-            other => panic!("unexpected event {other}"),
-        }
-    }
-    held.retain(|_, set| !set.is_empty());
+    apply_events(&mut held, events, tier, hashes);
     held
 }
 

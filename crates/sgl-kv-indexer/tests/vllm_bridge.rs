@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use kv_bridge::stats::Stats;
 use kv_testkit::fixtures::{hex_frames, vllm_events, vllm_hash};
-use kv_testkit::indexer::Held;
+use kv_testkit::indexer::{Held, apply_events};
 use kv_testkit::{BridgeFlags, FakeWorker, TestIndexer, wait};
 use serde_json::Value;
 
@@ -35,23 +35,7 @@ fn hashes(event: &Value) -> Vec<i64> {
 /// What the worker holds after one batch of a one-group model, from the events msgspec decoded
 /// (not from our decoder).
 fn apply(held: &mut Held, events: &[Value]) {
-    for event in events {
-        match event["type"].as_str().unwrap() {
-            "BlockStored" => held
-                .entry(tier(&event["medium"]))
-                .or_default()
-                .extend(hashes(event)),
-            "BlockRemoved" => {
-                let set = held.entry(tier(&event["medium"])).or_default();
-                for hash in hashes(event) {
-                    set.remove(&hash);
-                }
-            }
-            "AllBlocksCleared" => held.clear(),
-            other => panic!("unexpected event {other}"),
-        }
-    }
-    held.retain(|_, set| !set.is_empty());
+    apply_events(held, events, tier, hashes);
 }
 
 fn hybrid(case: &Value) -> bool {
