@@ -4,9 +4,11 @@ generator to CPU 1 when the machine has two):
 
 1. ingest: apply throughput and latency over gRPC (kv-indexer-loadgen's REPORT/REVOKE churn)
    in memory and with KV_INDEXER_LOG_SYNC off / batch / always;
-2. start-up: preload P placements, then (a) SIGTERM (final snapshot) and restart, (b) kill -9
-   and restart (snapshot + log replay); time from the restart to SERVING, the snapshot's time
-   and size, disk bytes per placement;
+2. start-up: preload P placements, then (a) kill -9 and restart (log replay), (b) SIGTERM
+   (final snapshot) and restart (snapshot load), (c) a snapshot built in the background from
+   the log; time from the restart to SERVING, the snapshots' times and size, disk bytes per
+   placement, resident and peak memory; --runs N repeats it, --server NAME=PATH (repeatable)
+   compares builds, interleaved;
 3. snapshot stalls: the longest apply and query latency while snapshots run every second,
    next to the same run without snapshots.
 
@@ -33,13 +35,13 @@ from overload import pinned  # noqa: E402  (taskset when there are two CPUs)
 
 
 class Server:
-    def __init__(self, port, logs, extra):
+    def __init__(self, port, logs, extra, binary=None):
         self.port, self.admin = port, f"{HOST}:{port + 1}"
         self.log_path = os.path.join(logs, f"server-{port}-{int(time.time() * 1000)}.log")
         self.log = open(self.log_path, "w")
         self.started = time.time()
         self.popen = subprocess.Popen(
-            pinned(0, [f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{port}",
+            pinned(0, [binary or f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{port}",
                        "--metrics-addr", self.admin, "--worker-ttl-s", "0", *extra]),
             stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
 
@@ -47,11 +49,17 @@ class Server:
         with urllib.request.urlopen(f"http://{self.admin}/state", timeout=120) as r:
             return json.loads(r.read())
 
+    def serving(self):
+        """Whether the server reports SERVING: its `kv_indexer_serving` gauge (cheap, unlike
+        /state, which computes the digest)."""
+        with urllib.request.urlopen(f"http://{self.admin}/metrics", timeout=10) as r:
+            return re.search(rb"^kv_indexer_serving 1$", r.read(), re.M) is not None
+
     def wait_ready(self, timeout=600):
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
-                if self.state()["ready"]:
+                if self.serving():
                     return time.time() - self.started
             except Exception:
                 pass
@@ -117,41 +125,108 @@ def preload_flags(placements):
             "--concurrency", 1, "--duration-secs", 0]
 
 
+def memory_mb(pid):
+    """(resident MB now, peak resident MB so far) of process `pid`."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def median_range(values, fmt="{:.2f}"):
+    """'median (min-max)' of `values`, or the one value."""
+    values = sorted(values)
+    mid = fmt.format(values[len(values) // 2])
+    return mid if len(values) == 1 else f"{mid} ({fmt.format(values[0])}-{fmt.format(values[-1])})"
+
+
+def wait_for_log(server, pattern, timeout=900):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        m = re.search(pattern, server.log_text())
+        if m:
+            return m
+        time.sleep(0.05)
+    raise RuntimeError(f"no {pattern!r} in {server.log_path}")
+
+
+def startup_once(args, logs, seed, binary, before):
+    """One build's start-up figures on a copy of the preloaded state directory `seed` (log only):
+    the log replayed after kill -9, a snapshot built in the background from that log, the
+    final snapshot at SIGTERM and the start from it. Returns a dict of figures."""
+    out = {}
+    state = tempfile.mkdtemp(prefix="kv-bench-state-", dir=args.state_root)
+    shutil.rmtree(state)
+    shutil.copytree(seed, state)
+    extra = ["--state-dir", state, "--snapshot-interval-s", "0"]
+    replayed = Server(args.base_port, logs, extra, binary)
+    out["replay_s"] = replayed.wait_ready()
+    out["replay_equal"] = replayed.state()["digest"] == before["digest"]
+    out["replay_rss"], out["replay_peak"] = memory_mb(replayed.popen.pid)
+    t0 = time.time()
+    replayed.stop(signal.SIGTERM)
+    took = time.time() - t0
+    m = re.search(r"snapshot written.*?took_ms=(\d+)", replayed.log_text())
+    out["final_snapshot_s"] = int(m.group(1)) / 1000 if m else took
+    snap = [f for f in os.listdir(state) if f.endswith(".snap")]
+    out["snapshot_mb"] = sum(os.path.getsize(os.path.join(state, f)) for f in snap) / 1e6
+    out["disk_b"] = dir_bytes(state) / before["placements"]
+    loaded = Server(args.base_port, logs, extra, binary)
+    out["load_s"] = loaded.wait_ready()
+    out["load_rss"], out["load_peak"] = memory_mb(loaded.popen.pid)
+    out["load_equal"] = loaded.state()["digest"] == before["digest"]
+    loaded.stop(signal.SIGKILL)
+    shutil.rmtree(state, ignore_errors=True)
+    # A snapshot built in the background from the whole log (a server that has run for a
+    # while): its time and the server's peak memory meanwhile.
+    shutil.copytree(seed, state)
+    building = Server(args.base_port, logs, ["--state-dir", state, "--snapshot-interval-s", "1"], binary)
+    building.wait_ready()
+    rss, _ = memory_mb(building.popen.pid)
+    m = wait_for_log(building, r"snapshot written.*?took_ms=(\d+)")
+    out["build_s"] = int(m.group(1)) / 1000
+    out["build_rss"], out["build_peak"] = rss, memory_mb(building.popen.pid)[1]
+    building.stop(signal.SIGKILL)
+    shutil.rmtree(state, ignore_errors=True)
+    return out
+
+
 def startup(args, logs):
-    print("\n## start-up: time from the process start to SERVING")
-    print(f"{'placements':>11} {'how':<28} {'to SERVING s':>12} {'snapshot s':>10} {'snapshot MB':>11} "
-          f"{'disk B/placement':>16} {'digest':>7}")
+    """Per placement target and run: one preload (the log format is every build's), then each
+    build in turn (rotated per run) on its own copy of it."""
+    print("\n## start-up: time from the process start to SERVING, median (range) over "
+          f"{args.runs} run(s); builds: {', '.join(name for name, _ in args.servers)}")
     for target in args.placements:
-        state = tempfile.mkdtemp(prefix="kv-bench-state-", dir=args.state_root)
-        extra = ["--state-dir", state, "--snapshot-interval-s", "0"]
-        server = Server(args.base_port, logs, extra)
-        server.wait_ready()
-        loadgen(args.base_port, *preload_flags(target))
-        before = server.state()
-        placements = before["placements"]
-        log_bytes = dir_bytes(state)
-        # (b) first: kill -9 with everything in the log, replayed at start.
-        server.stop(signal.SIGKILL)
-        replayed = Server(args.base_port, logs, extra)
-        t_replay = replayed.wait_ready()
-        same = replayed.state()["digest"] == before["digest"]
-        print(f"{placements:>11} {'kill -9: log replay':<28} {t_replay:>12.2f} {'-':>10} {'-':>11} "
-              f"{log_bytes / placements:>16.1f} {'equal' if same else 'DIFFERS':>7}")
-        # (a) SIGTERM writes the final snapshot; the restart loads it.
-        t0 = time.time()
-        replayed.stop(signal.SIGTERM)
-        took = time.time() - t0
-        snap = [f for f in os.listdir(state) if f.endswith(".snap")]
-        snap_bytes = sum(os.path.getsize(os.path.join(state, f)) for f in snap)
-        m = re.search(r"snapshot written.*?took_ms=(\d+)", replayed.log_text())
-        snap_s = int(m.group(1)) / 1000 if m else took
-        loaded = Server(args.base_port, logs, extra)
-        t_snap = loaded.wait_ready()
-        same = loaded.state()["digest"] == before["digest"]
-        print(f"{placements:>11} {'SIGTERM: snapshot load':<28} {t_snap:>12.2f} {snap_s:>10.2f} "
-              f"{snap_bytes / 1e6:>11.1f} {dir_bytes(state) / placements:>16.1f} {'equal' if same else 'DIFFERS':>7}")
-        loaded.stop(signal.SIGKILL)
-        shutil.rmtree(state, ignore_errors=True)
+        figures = {name: [] for name, _ in args.servers}
+        placements, grow = 0, []
+        for run in range(args.runs):
+            seed = tempfile.mkdtemp(prefix="kv-bench-seed-", dir=args.state_root)
+            server = Server(args.base_port, logs, ["--state-dir", seed, "--snapshot-interval-s", "0"],
+                            args.servers[0][1])
+            server.wait_ready()
+            loadgen(args.base_port, *preload_flags(target))
+            before = server.state()
+            placements = before["placements"]
+            grow.append(memory_mb(server.popen.pid))
+            server.stop(signal.SIGKILL)
+            order = args.servers[run % len(args.servers):] + args.servers[:run % len(args.servers)]
+            for name, binary in order:
+                figures[name].append(startup_once(args, logs, seed, binary, before))
+            shutil.rmtree(seed, ignore_errors=True)
+        print(f"\n{placements} placements; while the table grows (preload): resident "
+              f"{median_range([g[0] for g in grow], '{:.0f}')} MB, peak {median_range([g[1] for g in grow], '{:.0f}')} MB")
+        rows = [("kill -9: log replay, s", "replay_s", "{:.2f}"), ("SIGTERM: snapshot load, s", "load_s", "{:.2f}"),
+                ("final snapshot written, s", "final_snapshot_s", "{:.2f}"),
+                ("background snapshot built, s", "build_s", "{:.2f}"), ("snapshot MB", "snapshot_mb", "{:.0f}"),
+                ("disk B/placement", "disk_b", "{:.1f}"), ("resident after load, MB", "load_rss", "{:.0f}"),
+                ("peak during load, MB", "load_peak", "{:.0f}"), ("peak during replay, MB", "replay_peak", "{:.0f}"),
+                ("resident before a build, MB", "build_rss", "{:.0f}"),
+                ("peak while a snapshot is built, MB", "build_peak", "{:.0f}")]
+        print(f"{'':<36}" + "".join(f"{name:>26}" for name in figures))
+        for label, key, fmt in rows:
+            print(f"{label:<36}" + "".join(f"{median_range([r[key] for r in runs], fmt):>26}"
+                                           for runs in figures.values()))
+        print(f"{'digest equal after both starts':<36}" + "".join(
+            f"{str(all(r['replay_equal'] and r['load_equal'] for r in runs)):>26}" for runs in figures.values()))
 
 
 def stall(args, logs):
@@ -201,7 +276,11 @@ def main():
     ap.add_argument("--stall-placements", type=int, default=2_000_000)
     ap.add_argument("--stall-secs", type=int, default=10)
     ap.add_argument("--state-root", default=None, help="where state directories go (default: the temp dir)")
+    ap.add_argument("--runs", type=int, default=1, help="start-up runs per placement target (builds interleaved)")
+    ap.add_argument("--server", action="append", default=[], metavar="NAME=PATH",
+                    help="a server build to measure start-up with (repeatable; default: ours in target/release)")
     args = parse_bench_args(ap)
+    args.servers = [tuple(s.split("=", 1)) for s in args.server] or [("ours", f"{BIN}/kv-indexer-server")]
     build(args, "sgl-kv-indexer", "kv-indexer-tools")
     logs = tempfile.mkdtemp(prefix="kv-durable-bench-")
     print(f"machine: {os.cpu_count()} CPUs; server on CPU 0, load generator on CPU 1; logs {logs}")

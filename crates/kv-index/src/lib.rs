@@ -9,11 +9,13 @@
 //! - `index`: the state; `index::layout` (chunks of chained hashes cut into pieces of equal
 //!   placements, `Holder`s, workers), `index::apply` (REPORT / REVOKE / CLEAR_ALL_AT_TIER),
 //!   `index::compaction` (purge, trim, compact, free), `index::export` (the whole index as plain
-//!   data and back, for snapshots) and `index::invariants` (the recount that tests run);
+//!   data and back), `index::image` (the layout itself as bytes and back: snapshots; its byte
+//!   helpers in `image_io`) and `index::invariants` (the recount that tests run);
 //! - `table`: the block hash table (hash -> position in a chunk);
 //! - `prefix`: the longest-prefix scan (`MatchExternalKvPrefix`);
 //! - `lookup`: exact lookups (`MatchExternalKv`) and hit counts.
 
+mod image_io;
 mod index;
 mod lookup;
 mod prefix;
@@ -21,6 +23,7 @@ mod table;
 pub mod types;
 pub mod validate;
 
+pub use image_io::{ImageError, ImageInput};
 pub use index::{Export, ExportedWorker, Held, Index, MAX_WORKERS};
 pub use types::*;
 pub use validate::{ErrorClass, ValidationError, validate_lookup, validate_prefix};

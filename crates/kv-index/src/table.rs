@@ -9,6 +9,8 @@
 //! There is no single-key removal: the index deletes lazily and stale entries go in
 //! [`BlockTable::retain`], which rebuilds the table.
 
+use crate::image_io::{ImageError, ImageInput, put_all, put_u64};
+
 /// Where a hash is stored: a chunk and a position in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Loc {
@@ -153,6 +155,74 @@ impl BlockTable {
     /// Keeps only the entries for which `keep` holds, at the same size.
     pub(crate) fn retain(&mut self, keep: impl FnMut(i64, Loc) -> bool) {
         self.rebuild(self.buckets.len(), keep);
+    }
+
+    /// Writes the table as its image: buckets, entries, then every slot (see `index::image`).
+    pub(crate) fn write_image(
+        &self,
+        out: &mut impl std::io::Write,
+        scratch: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        put_u64(out, self.buckets.len() as u64)?;
+        put_u64(out, self.len as u64)?;
+        put_all(out, scratch, &self.buckets, |bucket| {
+            let mut bytes = [0; 64];
+            for (lane, [key, value]) in bucket.0.iter().enumerate() {
+                bytes[16 * lane..][..8].copy_from_slice(&key.to_le_bytes());
+                bytes[16 * lane + 8..][..8].copy_from_slice(&value.to_le_bytes());
+            }
+            bytes
+        })
+    }
+
+    /// Reads what [`BlockTable::write_image`] wrote, for an index of `chunks` chunks: every
+    /// entry must name one of them, and the entry count must be right.
+    pub(crate) fn read_image(
+        input: &mut ImageInput<impl std::io::Read>,
+        chunks: usize,
+    ) -> Result<BlockTable, ImageError> {
+        let malformed = |what: String| ImageError::Malformed(format!("the block table: {what}"));
+        let buckets = input.u64()? as usize;
+        let len = input.u64()? as usize;
+        if buckets != 0 && (!buckets.is_power_of_two() || buckets < MIN_BUCKETS) {
+            return Err(malformed(format!("{buckets} buckets")));
+        }
+        input.expect(buckets as u128 * 64)?;
+        let mut table = BlockTable {
+            buckets: Vec::with_capacity(buckets),
+            len: 0,
+            shift: 64 - buckets.max(1).trailing_zeros(),
+        };
+        let mut bad = None;
+        input.each(buckets, |bytes: [u8; 64]| {
+            let mut bucket = Bucket::default();
+            for (lane, slot) in bucket.0.iter_mut().enumerate() {
+                let word = |at: usize| {
+                    u64::from_le_bytes(bytes[16 * lane + at..][..8].try_into().expect("8 bytes"))
+                };
+                *slot = [word(0), word(8)];
+                if slot[1] != 0 {
+                    table.len += 1;
+                    let chunk = (slot[1] >> 32) as usize;
+                    if chunk == 0 || chunk > chunks {
+                        bad.get_or_insert(slot[1] >> 32);
+                    }
+                }
+            }
+            table.buckets.push(bucket);
+        })?;
+        if let Some(chunk) = bad {
+            return Err(malformed(format!(
+                "an entry names chunk slot {chunk} of {chunks}"
+            )));
+        }
+        if table.len != len {
+            return Err(malformed(format!(
+                "{} entries where {len} were written, in {buckets} buckets",
+                table.len
+            )));
+        }
+        Ok(table)
     }
 
     fn rebuild(&mut self, buckets: usize, mut keep: impl FnMut(i64, Loc) -> bool) {

@@ -17,8 +17,8 @@ mod reference;
 mod requests;
 
 use kv_index::{
-    ActionRequest, ApplyRequest, CacheSpec, Index, MAX_ACTIONS_PER_APPLY, MAX_HASHES_PER_REQUEST,
-    ValidationError,
+    ActionRequest, ApplyRequest, CacheSpec, ImageInput, Index, MAX_ACTIONS_PER_APPLY,
+    MAX_HASHES_PER_REQUEST, ValidationError,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -783,6 +783,20 @@ fn run(specs: &[Option<CacheSpec>], ops: &[Op]) -> Result<(), TestCaseError> {
             step
         );
         pair.indexes[restored] = imported;
+        // Another goes through its image: the same layout comes back, and from then on it must
+        // go on answering and changing as the model does.
+        let imaged = restored - 1;
+        let mut image = Vec::new();
+        pair.indexes[imaged].write_image(&mut image).unwrap();
+        let read = Index::read_image(&mut ImageInput::new(&image[..], image.len() as u64)).unwrap();
+        read.check_invariants();
+        prop_assert_eq!(
+            read.export(),
+            pair.indexes[imaged].export(),
+            "an image read back holds what the index held, in the same layout, after step {}",
+            step
+        );
+        pair.indexes[imaged] = read;
         // A prefix query on the chain start after every step keeps the prefix scan under
         // constant pressure, whatever the op was.
         pair.prefix(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], 0)?;

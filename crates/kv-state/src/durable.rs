@@ -180,23 +180,18 @@ pub(crate) fn build_snapshot(dir: &Path, from: u64, to: u64) -> Result<Built, St
         }));
     }
     let (index, meta, _, _) = rebuild(dir, (from > 0).then_some(base.as_path()), Some(to))?;
-    write_snapshot(dir, to, index.export(), meta, start)
+    write_snapshot(dir, to, &index, &meta, start)
 }
 
-/// Writes the snapshot of `export` and `meta` at `position`; `start` is when it was begun.
+/// Writes the snapshot of `index` and `meta` at `position`; `start` is when it was begun.
 pub(crate) fn write_snapshot(
     dir: &Path,
     position: u64,
-    export: kv_index::Export,
-    meta: Meta,
+    index: &kv_index::Index,
+    meta: &Meta,
     start: Instant,
 ) -> Result<Built, StateError> {
-    let contents = snapshot::Contents {
-        position,
-        export,
-        meta,
-    };
-    let bytes = snapshot::write(dir, &contents)?;
+    let bytes = snapshot::write(dir, position, index, meta)?;
     Ok(Built {
         position,
         bytes,

@@ -63,11 +63,7 @@ pub fn rebuild(
         None => (Index::new(), Meta::new(), 0),
         Some(path) => {
             let contents = snapshot::read(path)?;
-            (
-                Index::import(&contents.export),
-                contents.meta,
-                contents.position,
-            )
+            (contents.index, contents.meta, contents.position)
         }
     };
     let mut replayed = 0;

@@ -474,12 +474,11 @@ impl Thread {
             return Ok(());
         }
         let start = Instant::now();
-        let export = self.index.read().export();
         let built = write_snapshot(
             durable.dir.path(),
             position,
-            export,
-            self.meta.clone(),
+            &self.index.read(),
+            &self.meta,
             start,
         )?;
         durable.rotate()?;

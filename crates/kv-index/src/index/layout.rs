@@ -12,7 +12,7 @@ use super::MAX_CHUNK_LEN;
 /// in the low 2. Its order (worker first, then tier) is the order of a piece's placements.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct Holder(u32);
+pub(crate) struct Holder(pub(super) u32);
 
 impl Holder {
     /// `worker` must be below [`super::MAX_WORKERS`].

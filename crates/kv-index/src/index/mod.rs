@@ -28,11 +28,13 @@
 //!
 //! Modules: `layout` (holders, placements, pieces, chunks, workers, appending a block), `apply`
 //! (REPORT / REVOKE / CLEAR and the range update they share), `compaction` (purge, trim, compact,
-//! free), `invariants` (`Index::check_invariants`, for tests).
+//! free), `export` (the contents as plain data), `image` (the layout itself as bytes, for
+//! snapshots), `invariants` (`Index::check_invariants`, for tests).
 
 mod apply;
 mod compaction;
 mod export;
+mod image;
 mod invariants;
 mod layout;
 

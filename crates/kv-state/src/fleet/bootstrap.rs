@@ -67,11 +67,7 @@ impl Applier {
                 .map_err(|error| {
                     Restart::Rebootstrap(format!("the snapshot does not load: {error}"))
                 })?;
-                (
-                    Index::import(&contents.export),
-                    contents.meta,
-                    contents.position,
-                )
+                (contents.index, contents.meta, contents.position)
             }
         };
         let stats = index.stats();

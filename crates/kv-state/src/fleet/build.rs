@@ -110,11 +110,7 @@ impl Build {
             None => (Index::new(), Meta::new(), 0),
             Some(base) => {
                 let contents = snapshot::from_bytes(origin, &base.bytes)?;
-                (
-                    Index::import(&contents.export),
-                    contents.meta,
-                    contents.position,
-                )
+                (contents.index, contents.meta, contents.position)
             }
         };
         let mut next = from;
@@ -165,13 +161,8 @@ impl Build {
                 what: format!("the stream was trimmed under the snapshot at {}", self.to),
             })));
         };
-        let contents = snapshot::Contents {
-            position: self.to,
-            export: index.export(),
-            meta,
-        };
+        let bytes = snapshot::to_bytes(self.to, &index, &meta);
         drop(index);
-        let bytes = snapshot::to_bytes(&contents);
         if let Some(dir) = &self.dir {
             write_local(dir, &self.to, &bytes)?;
         }

@@ -201,11 +201,7 @@ impl Applier {
         if self.base.as_ref().is_some_and(|b| b.position == self.next) {
             return Ok(());
         }
-        let contents = snapshot::Contents {
-            position: self.next,
-            export: self.index.read().export(),
-            meta: self.meta.clone(),
-        };
-        write_local(&dir, &contents.position, &snapshot::to_bytes(&contents))
+        let bytes = snapshot::to_bytes(self.next, &self.index.read(), &self.meta);
+        write_local(&dir, &self.next, &bytes)
     }
 }

@@ -1,0 +1,285 @@
+//! The index's own layout as bytes, and back: what a snapshot stores since format 3.
+//!
+//! [`Index::write_image`] writes the structures as they are (workers, chunks with their hashes,
+//! tokens and pieces, the hash table's buckets, hit counts, counters) and
+//! [`Index::read_image`] reads them back with large sequential reads and no per-placement work:
+//! no table probe, no piece split, no reverse-holding update. The result is the same index,
+//! layout included (stale table entries, dead pieces and free chunks too), so it answers
+//! alike and has the same digest. Reading checks every index that could otherwise point out of
+//! bounds (workers of placements, chunks of holdings, table entries and free slots) and the
+//! piece shape; what is left unchecked (that the table points at the right positions, the
+//! counters) is what the caller's checksum vouches for.
+//!
+//! All integers are little-endian. Sections, in order:
+//! - workers: count, then per worker its id, address, spec, non-zero-mask count and reverse
+//!   holdings per tier (compacted length, chunk list); ranks are recomputed from the ids;
+//! - chunks: count, then per chunk its length, live count, flags (hit counts, per-block tokens),
+//!   tokens (one value or one per position), hashes, pieces (begin, placements as
+//!   `(holder, mask)` pairs);
+//! - free chunk slots; the table (buckets, entries, then every slot as `(hash, value)`);
+//! - hit counts `(hash, count)`; the counters (placements, blocks, stale entries).
+
+use std::io::{self, Read, Write};
+
+use smallvec::SmallVec;
+
+use crate::image_io::{ImageError, ImageInput, malformed, put_all, put_str, put_u32, put_u64};
+use crate::table::BlockTable;
+use crate::types::CacheSpec;
+
+use super::layout::{Chunk, Holder, Holdings, Piece, Placement, ScanProfile, Tokens, Worker};
+use super::{Index, MAX_WORKERS};
+
+impl Index {
+    /// Writes this index's image (see the module docs) to `out`.
+    pub fn write_image(&self, out: &mut impl Write) -> io::Result<()> {
+        let mut scratch = Vec::new();
+        put_u32(out, self.workers.len() as u32)?;
+        for worker in &self.workers {
+            put_str(out, &worker.id)?;
+            put_str(out, &worker.address)?;
+            put_spec(out, worker.spec)?;
+            put_u64(out, worker.nonzero_masks as u64)?;
+            for holdings in &worker.holdings {
+                put_u32(out, holdings.compacted as u32)?;
+                put_u32(out, holdings.chunks.len() as u32)?;
+                put_all(out, &mut scratch, &holdings.chunks, |c| c.to_le_bytes())?;
+            }
+        }
+        put_u64(out, self.chunks.len() as u64)?;
+        for chunk in &self.chunks {
+            write_chunk(out, &mut scratch, chunk)?;
+        }
+        put_u32(out, self.free_chunks.len() as u32)?;
+        put_all(out, &mut scratch, &self.free_chunks, |c| c.to_le_bytes())?;
+        self.table.write_image(out, &mut scratch)?;
+        put_u64(out, self.hits.len() as u64)?;
+        let mut hits: Vec<(i64, u64)> = self.hits.iter().map(|(&h, &c)| (h, c)).collect();
+        hits.sort_unstable();
+        put_all(out, &mut scratch, &hits, |&(hash, count)| {
+            let mut bytes = [0; 16];
+            bytes[..8].copy_from_slice(&hash.to_le_bytes());
+            bytes[8..].copy_from_slice(&count.to_le_bytes());
+            bytes
+        })?;
+        for counter in [self.placements, self.blocks, self.stale] {
+            put_u64(out, counter as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Reads an image that [`Index::write_image`] wrote.
+    pub fn read_image(input: &mut ImageInput<impl Read>) -> Result<Index, ImageError> {
+        let mut index = Index::new();
+        let workers = input.u32()? as usize;
+        if workers > MAX_WORKERS {
+            return Err(malformed(format!("{workers} workers")));
+        }
+        for _ in 0..workers {
+            let worker = read_worker(input)?;
+            if index.worker_ids.contains_key(&worker.id) {
+                return Err(malformed(format!("worker {:?} twice", worker.id)));
+            }
+            let w = index.workers.len() as u32;
+            index.worker_ids.insert(worker.id.clone(), w);
+            index.workers.push(worker);
+        }
+        let chunks = input.u64()? as usize;
+        // A chunk takes at least 17 bytes.
+        input.expect(chunks as u128 * 17)?;
+        index.chunks.reserve_exact(chunks);
+        for c in 0..chunks {
+            let chunk = read_chunk(input, workers)
+                .map_err(|error| in_context(error, &format!("chunk {c}")))?;
+            index.chunks.push(chunk);
+        }
+        let free = input.u32()? as usize;
+        index.free_chunks = input.all(free, u32::from_le_bytes)?;
+        let in_range = |c: u32| (c as usize) < chunks;
+        if !index.free_chunks.iter().all(|&c| in_range(c)) {
+            return Err(malformed("a free chunk slot past the chunks"));
+        }
+        for (w, worker) in index.workers.iter().enumerate() {
+            if !worker
+                .holdings
+                .iter()
+                .all(|h| h.chunks.iter().all(|&c| in_range(c)))
+            {
+                return Err(malformed(format!(
+                    "worker {w} holds a chunk past the chunks"
+                )));
+            }
+        }
+        index.table = BlockTable::read_image(input, chunks)?;
+        let hits = input.u64()? as usize;
+        input.expect(hits as u128 * 16)?;
+        index.hits.reserve(hits);
+        input.each(hits, |b: [u8; 16]| {
+            let (hash, count) = b.split_at(8);
+            index.hits.insert(
+                i64::from_le_bytes(hash.try_into().expect("8 bytes")),
+                u64::from_le_bytes(count.try_into().expect("8 bytes")),
+            );
+        })?;
+        index.placements = input.u64()? as usize;
+        index.blocks = input.u64()? as usize;
+        index.stale = input.u64()? as usize;
+        index.rank_all();
+        Ok(index)
+    }
+
+    /// Ranks every worker by id and refreshes every scan profile.
+    fn rank_all(&mut self) {
+        let workers = &self.workers;
+        self.by_rank = (0..workers.len() as u32).collect();
+        self.by_rank
+            .sort_unstable_by(|&a, &b| workers[a as usize].id.cmp(&workers[b as usize].id));
+        for (rank, &w) in self.by_rank.iter().enumerate() {
+            self.workers[w as usize].rank = rank as u32;
+        }
+        self.profiles = self.workers.iter().map(ScanProfile::of).collect();
+    }
+}
+
+/// `error` with what was being read.
+fn in_context(error: ImageError, what: &str) -> ImageError {
+    match error {
+        ImageError::Malformed(inner) => malformed(format!("{what}: {inner}")),
+        other => other,
+    }
+}
+
+fn read_worker(input: &mut ImageInput<impl Read>) -> Result<Worker, ImageError> {
+    let id = input.str()?;
+    let mut worker = Worker::new(&id);
+    worker.address = input.str()?;
+    worker.spec = get_spec(input)?;
+    worker.nonzero_masks = input.u64()? as usize;
+    for holdings in &mut worker.holdings {
+        let compacted = input.u32()? as usize;
+        let len = input.u32()? as usize;
+        *holdings = Holdings {
+            chunks: input.all(len, u32::from_le_bytes)?,
+            compacted,
+        };
+    }
+    Ok(worker)
+}
+
+const HAS_HITS: u8 = 1;
+const PER_BLOCK_TOKENS: u8 = 2;
+
+fn write_chunk(out: &mut impl Write, scratch: &mut Vec<u8>, chunk: &Chunk) -> io::Result<()> {
+    put_u32(out, chunk.hashes.len() as u32)?;
+    put_u32(out, chunk.live)?;
+    let per_block = matches!(chunk.tokens, Tokens::PerBlock(_));
+    let flags = u8::from(chunk.has_hits) * HAS_HITS + u8::from(per_block) * PER_BLOCK_TOKENS;
+    out.write_all(&[flags])?;
+    match &chunk.tokens {
+        Tokens::Uniform(tokens) => put_u32(out, *tokens)?,
+        Tokens::PerBlock(tokens) => put_all(out, scratch, tokens, |t| t.to_le_bytes())?,
+    }
+    put_all(out, scratch, &chunk.hashes, |h| h.to_le_bytes())?;
+    put_u32(out, chunk.pieces.len() as u32)?;
+    for piece in &chunk.pieces {
+        put_u32(out, piece.begin)?;
+        put_u32(out, piece.placements.len() as u32)?;
+        for p in &piece.placements {
+            put_u32(out, p.holder.0)?;
+            put_u32(out, p.mask)?;
+        }
+    }
+    Ok(())
+}
+
+fn read_chunk(input: &mut ImageInput<impl Read>, workers: usize) -> Result<Chunk, ImageError> {
+    let len = input.u32()? as usize;
+    let live = input.u32()?;
+    let flags = input.u8()?;
+    let tokens = if flags & PER_BLOCK_TOKENS != 0 {
+        Tokens::PerBlock(input.all(len, u32::from_le_bytes)?)
+    } else {
+        Tokens::Uniform(input.u32()?)
+    };
+    let hashes = input.all(len, i64::from_le_bytes)?;
+    let count = input.u32()? as usize;
+    if (count == 0) != (len == 0) || count > len || live as usize > len {
+        return Err(malformed(format!(
+            "{count} pieces and {live} live positions over {len}"
+        )));
+    }
+    let mut pieces = Vec::with_capacity(count);
+    for k in 0..count {
+        let begin = input.u32()?;
+        let at_order = match k {
+            0 => begin == 0,
+            _ => begin > pieces.last().map_or(0, |p: &Piece| p.begin),
+        };
+        if !at_order || begin as usize >= len {
+            return Err(malformed(format!("piece {k} begins at {begin}")));
+        }
+        let n = input.u32()? as usize;
+        if n > workers * 3 {
+            return Err(malformed(format!("piece {k} has {n} placements")));
+        }
+        let mut placements = SmallVec::with_capacity(n);
+        for _ in 0..n {
+            let holder = input.u32()?;
+            let mask = input.u32()?;
+            if (holder >> 2) as usize >= workers || holder & 3 == 0 {
+                return Err(malformed(format!("piece {k} names holder {holder}")));
+            }
+            placements.push(Placement {
+                holder: Holder(holder),
+                mask,
+            });
+        }
+        if !placements
+            .windows(2)
+            .all(|w: &[Placement]| w[0].holder < w[1].holder)
+        {
+            return Err(malformed(format!("piece {k}'s placements are not sorted")));
+        }
+        pieces.push(Piece { begin, placements });
+    }
+    Ok(Chunk {
+        hashes,
+        tokens,
+        pieces,
+        live,
+        has_hits: flags & HAS_HITS != 0,
+    })
+}
+
+fn put_spec(out: &mut impl Write, spec: Option<CacheSpec>) -> io::Result<()> {
+    let Some(spec) = spec else {
+        return out.write_all(&[0]);
+    };
+    out.write_all(&[1])?;
+    for value in [
+        spec.version,
+        spec.components,
+        spec.swa_window_tokens,
+        spec.full_tier_mask,
+        spec.swa_tier_mask,
+        spec.mamba_tier_mask,
+    ] {
+        put_u32(out, value)?;
+    }
+    Ok(())
+}
+
+fn get_spec(input: &mut ImageInput<impl Read>) -> Result<Option<CacheSpec>, ImageError> {
+    match input.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(CacheSpec {
+            version: input.u32()?,
+            components: input.u32()?,
+            swa_window_tokens: input.u32()?,
+            full_tier_mask: input.u32()?,
+            swa_tier_mask: input.u32()?,
+            mamba_tier_mask: input.u32()?,
+        })),
+        tag => Err(malformed(format!("spec tag {tag}"))),
+    }
+}
