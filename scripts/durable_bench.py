@@ -34,6 +34,10 @@ from fault_tests import BIN, HOST, build  # noqa: E402  (the scripts' shared hel
 from overload import pinned  # noqa: E402  (taskset when there are two CPUs)
 
 
+# The server's CPUs (--server-cpus): one core by default, the load generator on the other.
+SERVER_CPUS = "0"
+
+
 class Server:
     def __init__(self, port, logs, extra, binary=None):
         self.port, self.admin = port, f"{HOST}:{port + 1}"
@@ -41,7 +45,7 @@ class Server:
         self.log = open(self.log_path, "w")
         self.started = time.time()
         self.popen = subprocess.Popen(
-            pinned(0, [binary or f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{port}",
+            pinned(SERVER_CPUS, [binary or f"{BIN}/kv-indexer-server", "--listen-addr", f"{HOST}:{port}",
                        "--metrics-addr", self.admin, "--worker-ttl-s", "0", *extra]),
             stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
 
@@ -229,26 +233,41 @@ def startup(args, logs):
             f"{str(all(r['replay_equal'] and r['load_equal'] for r in runs)):>26}" for runs in figures.values()))
 
 
+def stall_once(args, logs, binary, every):
+    """Queries and applies against `binary` preloaded with --stall-placements, snapshots every
+    `every` s (0: none): (query p99, query max, apply p99, apply max) in µs, snapshots written."""
+    state = tempfile.mkdtemp(prefix="kv-bench-state-", dir=args.state_root)
+    server = Server(args.base_port, logs, ["--state-dir", state, "--snapshot-interval-s", str(every),
+                                           "--log-sync", args.stall_log_sync], binary)
+    server.wait_ready()
+    loadgen(args.base_port, *preload_flags(args.stall_placements))
+    out = loadgen(args.base_port, "--workers", 256, "--prompts", 64, "--prompt-blocks", 1024, "--qps", 2000,
+                  "--concurrency", 8, "--duration-secs", args.stall_secs, "--ingest-ops", 200000,
+                  "--ingest-batch", 4096)
+    server.stop()
+    q = re.search(r"OK: +\d+ .*?p99 (\d+) p999 \d+ max (\d+)", out)
+    a = re.search(r"apply \(REPORT or REVOKE\) latency µs over \d+: p50 \d+ p99 (\d+) max (\d+)", out)
+    shutil.rmtree(state, ignore_errors=True)
+    return [int(q.group(1)), int(q.group(2)), int(a.group(1)), int(a.group(2))], \
+        server.log_text().count("snapshot written")
+
+
 def stall(args, logs):
-    print("\n## snapshot stalls: queries and applies while snapshots run every second")
-    print(f"{'snapshots':<10} {'placements':>10} {'query p99 µs':>12} {'query max µs':>12} {'apply p99 µs':>12} "
-          f"{'apply max µs':>12} {'snapshots':>9}")
-    for every in [0, 1]:
-        state = tempfile.mkdtemp(prefix="kv-bench-state-", dir=args.state_root)
-        server = Server(args.base_port, logs, ["--state-dir", state, "--snapshot-interval-s", str(every)])
-        server.wait_ready()
-        loadgen(args.base_port, *preload_flags(args.stall_placements))
-        placements = server.state()["placements"]
-        out = loadgen(args.base_port, "--workers", 256, "--prompts", 64, "--prompt-blocks", 1024, "--qps", 2000,
-                      "--concurrency", 8, "--duration-secs", args.stall_secs, "--ingest-ops", 200000,
-                      "--ingest-batch", 4096)
-        server.stop()
-        q = re.search(r"OK: +\d+ .*?p99 (\d+) p999 \d+ max (\d+)", out)
-        a = re.search(r"apply \(REPORT or REVOKE\) latency µs over \d+: p50 \d+ p99 (\d+) max (\d+)", out)
-        count = server.log_text().count("snapshot written")
-        print(f"{('every 1 s' if every else 'none'):<10} {placements:>10} {q.group(1):>12} {q.group(2):>12} "
-              f"{a.group(1):>12} {a.group(2):>12} {count:>9}")
-        shutil.rmtree(state, ignore_errors=True)
+    """Per run, each build without snapshots and with one every second (rotated per run)."""
+    print("\n## snapshot stalls: queries and applies while snapshots run every second, "
+          f"{args.stall_placements} placements preloaded; median (range) over {args.runs} run(s)")
+    results = {}
+    for run in range(args.runs):
+        cases = [(name, binary, every) for name, binary in args.servers for every in (0, 1)]
+        for name, binary, every in cases[run % len(cases):] + cases[:run % len(cases)]:
+            figures, count = stall_once(args, logs, binary, every)
+            results.setdefault((name, every), []).append(figures + [count])
+    print(f"{'build':<10} {'snapshots':<10} {'query p99 µs':>22} {'query max µs':>22} {'apply p99 µs':>22} "
+          f"{'apply max µs':>22} {'written':>9}")
+    for (name, every), runs in results.items():
+        cells = [median_range([r[i] for r in runs], "{:.0f}") for i in range(4)]
+        print(f"{name:<10} {('every 1 s' if every else 'none'):<10} " + " ".join(f"{c:>22}" for c in cells)
+              + f" {median_range([r[4] for r in runs], '{:.0f}'):>9}")
 
 
 def add_bench_args(ap, base_port):
@@ -275,11 +294,16 @@ def main():
     add_bench_args(ap, base_port=48800)
     ap.add_argument("--stall-placements", type=int, default=2_000_000)
     ap.add_argument("--stall-secs", type=int, default=10)
+    ap.add_argument("--stall-log-sync", default="batch", help="the stall runs' --log-sync")
     ap.add_argument("--state-root", default=None, help="where state directories go (default: the temp dir)")
     ap.add_argument("--runs", type=int, default=1, help="start-up runs per placement target (builds interleaved)")
     ap.add_argument("--server", action="append", default=[], metavar="NAME=PATH",
                     help="a server build to measure start-up with (repeatable; default: ours in target/release)")
+    ap.add_argument("--server-cpus", default="0",
+                    help="the server's CPUs (taskset list; the load generator stays on CPU 1)")
     args = parse_bench_args(ap)
+    global SERVER_CPUS
+    SERVER_CPUS = args.server_cpus
     args.servers = [tuple(s.split("=", 1)) for s in args.server] or [("ours", f"{BIN}/kv-indexer-server")]
     build(args, "sgl-kv-indexer", "kv-indexer-tools")
     logs = tempfile.mkdtemp(prefix="kv-durable-bench-")

@@ -41,6 +41,9 @@ fn unpack(value: u64) -> Loc {
     }
 }
 
+/// Buckets per run of the image (see [`BlockTable::write_image`]).
+const IMAGE_RUN: usize = 1 << 12;
+
 /// The smallest non-empty table, in buckets.
 const MIN_BUCKETS: usize = 4;
 
@@ -157,7 +160,11 @@ impl BlockTable {
         self.rebuild(self.buckets.len(), keep);
     }
 
-    /// Writes the table as its image: buckets, entries, then every slot (see `index::image`).
+    /// Writes the table as its image: the bucket and entry counts, then per run of
+    /// [`IMAGE_RUN`] buckets each bucket's occupied slot count (a byte) and those slots as
+    /// `(hash, value)`. With no single-key removal, a bucket's occupied slots are always its
+    /// first ones (a probe fills the first vacant slot it meets), so the counts say where every
+    /// slot goes and vacant ones take no room.
     pub(crate) fn write_image(
         &self,
         out: &mut impl std::io::Write,
@@ -165,14 +172,27 @@ impl BlockTable {
     ) -> std::io::Result<()> {
         put_u64(out, self.buckets.len() as u64)?;
         put_u64(out, self.len as u64)?;
-        put_all(out, scratch, &self.buckets, |bucket| {
-            let mut bytes = [0; 64];
-            for (lane, [key, value]) in bucket.0.iter().enumerate() {
-                bytes[16 * lane..][..8].copy_from_slice(&key.to_le_bytes());
-                bytes[16 * lane + 8..][..8].copy_from_slice(&value.to_le_bytes());
-            }
-            bytes
-        })
+        let mut slots: Vec<Slot> = Vec::with_capacity(IMAGE_RUN * LANES);
+        for run in self.buckets.chunks(IMAGE_RUN) {
+            slots.clear();
+            let counts: Vec<u8> = run
+                .iter()
+                .map(|bucket| {
+                    let occupied = bucket.0.iter().take_while(|slot| slot[1] != 0);
+                    let before = slots.len();
+                    slots.extend(occupied);
+                    (slots.len() - before) as u8
+                })
+                .collect();
+            out.write_all(&counts)?;
+            put_all(out, scratch, &slots, |[key, value]| {
+                let mut bytes = [0; 16];
+                bytes[..8].copy_from_slice(&key.to_le_bytes());
+                bytes[8..].copy_from_slice(&value.to_le_bytes());
+                bytes
+            })?;
+        }
+        Ok(())
     }
 
     /// Reads what [`BlockTable::write_image`] wrote, for an index of `chunks` chunks: every
@@ -187,30 +207,40 @@ impl BlockTable {
         if buckets != 0 && (!buckets.is_power_of_two() || buckets < MIN_BUCKETS) {
             return Err(malformed(format!("{buckets} buckets")));
         }
-        input.expect(buckets as u128 * 64)?;
+        // Every bucket has its count byte; the table gets no more buckets than that allows.
+        input.expect(buckets as u128)?;
         let mut table = BlockTable {
             buckets: Vec::with_capacity(buckets),
             len: 0,
             shift: 64 - buckets.max(1).trailing_zeros(),
         };
         let mut bad = None;
-        input.each(buckets, |bytes: [u8; 64]| {
-            let mut bucket = Bucket::default();
-            for (lane, slot) in bucket.0.iter_mut().enumerate() {
-                let word = |at: usize| {
-                    u64::from_le_bytes(bytes[16 * lane + at..][..8].try_into().expect("8 bytes"))
-                };
-                *slot = [word(0), word(8)];
-                if slot[1] != 0 {
-                    table.len += 1;
+        let mut left = buckets;
+        while left > 0 {
+            let counts = input.bytes(left.min(IMAGE_RUN) as u64)?;
+            if let Some(&count) = counts.iter().find(|&&c| usize::from(c) > LANES) {
+                return Err(malformed(format!("a bucket of {count} slots")));
+            }
+            let total = counts.iter().map(|&c| usize::from(c)).sum();
+            let slots = input.all(total, |bytes: [u8; 16]| {
+                let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
+                [word(0), word(8)]
+            })?;
+            let mut slots = slots.into_iter();
+            for &count in &counts {
+                let mut bucket = Bucket::default();
+                for slot in &mut bucket.0[..usize::from(count)] {
+                    *slot = slots.next().expect("counted");
                     let chunk = (slot[1] >> 32) as usize;
                     if chunk == 0 || chunk > chunks {
                         bad.get_or_insert(slot[1] >> 32);
                     }
                 }
+                table.buckets.push(bucket);
             }
-            table.buckets.push(bucket);
-        })?;
+            table.len += total;
+            left -= counts.len();
+        }
         if let Some(chunk) = bad {
             return Err(malformed(format!(
                 "an entry names chunk slot {chunk} of {chunks}"
@@ -292,9 +322,20 @@ mod tests {
                 }
                 prop_assert_eq!(table.len(), model.len());
             }
+            // Its image reads back slot for slot (chunks up to 1000 named).
+            let mut image = Vec::new();
+            table.write_image(&mut image, &mut Vec::new()).unwrap();
+            let mut input = ImageInput::new(&image[..], image.len() as u64);
+            let read = BlockTable::read_image(&mut input, 1000).unwrap();
+            prop_assert_eq!(input.offset(), image.len() as u64);
+            prop_assert_eq!(read.len, table.len);
+            prop_assert_eq!(read.shift, table.shift);
+            prop_assert!(read.buckets.iter().zip(&table.buckets).all(|(a, b)| a.0 == b.0));
+            prop_assert_eq!(read.buckets.len(), table.buckets.len());
             for key in 0i64..64 {
                 let hash = key.wrapping_mul(spread);
                 prop_assert_eq!(table.get(hash), model.get(&hash).copied());
+                prop_assert_eq!(read.get(hash), model.get(&hash).copied());
             }
         }
     }

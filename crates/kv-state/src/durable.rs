@@ -74,7 +74,9 @@ struct Syncer {
 }
 
 struct SyncState {
-    file: Mutex<Option<std::fs::File>>,
+    /// The segment to sync. Taken out of the lock before syncing: an fdatasync can wait long
+    /// behind other writeback (a snapshot's), and the writer takes this lock at every group.
+    file: Mutex<Option<Arc<std::fs::File>>>,
     dirty: AtomicBool,
 }
 
@@ -94,7 +96,7 @@ impl Syncer {
                         return;
                     }
                     if state.dirty.swap(false, Ordering::AcqRel)
-                        && let Some(file) = state.file.lock().as_ref()
+                        && let Some(file) = state.file.lock().clone()
                         && let Err(error) = file.sync_data()
                     {
                         error!(%error, dir = %dir.display(), "fdatasync of the log failed");
@@ -111,7 +113,7 @@ impl Syncer {
     fn due(&self, log: &FileLog) -> Result<(), StateError> {
         let mut file = self.shared.file.lock();
         if file.is_none() {
-            *file = Some(log.segment_file()?);
+            *file = Some(Arc::new(log.segment_file()?));
         }
         self.shared.dirty.store(true, Ordering::Release);
         Ok(())
@@ -138,18 +140,14 @@ impl Durable {
         building: std::thread::JoinHandle<Result<Built, StateError>>,
     ) {
         match building.join() {
-            Ok(Ok(built)) => {
-                if let Err(error) = self.retire(&built) {
-                    warn!(error = %kv_common::error_chain(&error), "cannot trim the log below the snapshot");
-                }
-            }
+            Ok(Ok(built)) => self.retire(&built),
             Ok(Err(error)) => crate::observe::snapshot_failed(Some(&error)),
             Err(_) => crate::observe::snapshot_failed(None),
         }
     }
 
-    /// Records a written snapshot, deletes older snapshots and the log segments it covers.
-    pub(crate) fn retire(&mut self, built: &Built) -> Result<(), StateError> {
+    /// Records a written snapshot (its writer deleted what it covers, see [`write_snapshot`]).
+    pub(crate) fn retire(&mut self, built: &Built) {
         self.snapshot_position = built.position;
         crate::observe::snapshot_written(built.bytes, built.took);
         info!(
@@ -158,13 +156,6 @@ impl Durable {
             took_ms = built.took.as_millis() as u64,
             "snapshot written"
         );
-        for (position, path) in snapshot::list(self.dir.path())? {
-            if position < built.position {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-        self.log.trim_before(built.position)?;
-        Ok(())
     }
 }
 
@@ -183,7 +174,21 @@ pub(crate) fn build_snapshot(dir: &Path, from: u64, to: u64) -> Result<Built, St
     write_snapshot(dir, to, &index, &meta, start)
 }
 
-/// Writes the snapshot of `index` and `meta` at `position`; `start` is when it was begun.
+/// Deletes the snapshots before `position` and the log segments the one at `position` covers.
+/// The snapshot thread does it, not the writer: deleting files of tens of MB (a journal
+/// commit, discards) held the writer for tens of ms.
+fn prune(dir: &Path, position: u64) -> Result<(), StateError> {
+    for (older, path) in snapshot::list(dir)? {
+        if older < position {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    crate::log::trim_dir_before(dir, position)?;
+    Ok(())
+}
+
+/// Writes the snapshot of `index` and `meta` at `position` and deletes what it covers;
+/// `start` is when it was begun.
 pub(crate) fn write_snapshot(
     dir: &Path,
     position: u64,
@@ -192,6 +197,9 @@ pub(crate) fn write_snapshot(
     start: Instant,
 ) -> Result<Built, StateError> {
     let bytes = snapshot::write(dir, position, index, meta)?;
+    if let Err(error) = prune(dir, position) {
+        warn!(error = %kv_common::error_chain(&error), "cannot trim the log below the snapshot");
+    }
     Ok(Built {
         position,
         bytes,

@@ -330,9 +330,16 @@ impl FileLog {
     /// Ends the current segment (synced) and starts a new one at the current end, so that
     /// everything before [`FileLog::end`] is in closed segments.
     pub fn rotate(&mut self) -> Result<(), LogError> {
+        let started = std::time::Instant::now();
         self.sync()?;
+        let synced = started.elapsed();
         let next = FileLog::create(&self.dir, self.end)?;
-        info!(position = self.end, "log segment rotated");
+        info!(
+            position = self.end,
+            sync_us = synced.as_micros() as u64,
+            took_us = started.elapsed().as_micros() as u64,
+            "log segment rotated"
+        );
         *self = next;
         Ok(())
     }
@@ -376,15 +383,21 @@ impl EventLog for FileLog {
     }
 
     fn trim_before(&mut self, position: u64) -> Result<(), LogError> {
-        let segments = segments(&self.dir)?;
-        for pair in segments.windows(2) {
-            // A segment holds the records up to the next one's first.
-            if pair[1].first <= position && pair[0].path != self.path {
-                std::fs::remove_file(&pair[0].path).map_err(io("removing", &pair[0].path))?;
-            }
-        }
-        Ok(())
+        trim_dir_before(&self.dir, position)
     }
+}
+
+/// Deletes the segments of `dir` whose records all come before `position`: those followed by
+/// a segment starting at or before it (so never the newest one, the one being appended to).
+pub fn trim_dir_before(dir: &Path, position: u64) -> Result<(), LogError> {
+    let segments = segments(dir)?;
+    for pair in segments.windows(2) {
+        // A segment holds the records up to the next one's first.
+        if pair[1].first <= position {
+            std::fs::remove_file(&pair[0].path).map_err(io("removing", &pair[0].path))?;
+        }
+    }
+    Ok(())
 }
 
 /// The records of the segments in `dir` from `position` on (and before `until`, when given),

@@ -55,17 +55,44 @@ fn io_error(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Log
     move |source| LogError::Io { op, path, source }
 }
 
+/// Starts `build` on a thread of its own at the idle scheduling class (`SCHED_IDLE`, else the
+/// lowest priority): it runs only on CPU that queries and applies leave, and a waking writer
+/// or query thread preempts it at once. With the server on one core, nice 19 was not enough
+/// (apply p99 3x with a snapshot every second).
+pub fn spawn_builder<T: Send + 'static>(
+    build: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new()
+        .name("kv-indexer-snapshot".into())
+        .spawn(move || {
+            use thread_priority::{
+                NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
+            };
+            let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
+            let lowered = thread_priority::set_thread_priority_and_policy(
+                thread_priority::thread_native_id(),
+                ThreadPriority::Min,
+                idle,
+            )
+            .or_else(|_| ThreadPriority::Min.set_for_current());
+            if let Err(error) = lowered {
+                tracing::warn!(?error, "cannot lower the snapshot thread's priority");
+            }
+            build()
+        })
+}
+
 /// Writes the snapshot of `index` and `meta` at `position` into `dir`, streamed (tmp, sync,
 /// rename, sync the directory); returns its size in bytes.
 pub fn write(dir: &Path, position: u64, index: &Index, meta: &Meta) -> Result<u64, LogError> {
     let target = path(dir, position);
     let tmp = target.with_extension("snap.tmp");
     let file = std::fs::File::create(&tmp).map_err(io_error("creating", &tmp))?;
-    let mut out = BufWriter::with_capacity(IO_BUFFER, file);
+    let mut out = BufWriter::with_capacity(IO_BUFFER, Trickle::new(file));
     let written = (|| {
         out.write_all(&header(position, 0, 0))?;
         let (len, crc) = write_payload(&mut out, position, index, meta)?;
-        let mut file = out.into_inner().map_err(|error| error.into_error())?;
+        let mut file = out.into_inner().map_err(|error| error.into_error())?.file;
         file.seek(SeekFrom::Start(0))?;
         file.write_all(&header(position, len, crc))?;
         file.sync_all()?;
@@ -98,6 +125,59 @@ pub fn write_bytes(dir: &Path, position: u64, bytes: &[u8]) -> Result<(), LogErr
     }
     std::fs::rename(&tmp, &target).map_err(io_error("renaming", &tmp))?;
     sync_dir(dir)
+}
+
+/// Bytes a snapshot writes between two write-backs of what it wrote.
+const TRICKLE: u64 = 8 << 20;
+
+/// A file written front to back whose pages go to disk every [`TRICKLE`] bytes, waited for,
+/// rather than all at its fsync: a large fsync makes the journal commit that the log's next
+/// append or sync joins wait for all of it (measured: apply p99 6.9 → 38 ms with a 20 MB
+/// snapshot every second).
+struct Trickle {
+    file: std::fs::File,
+    written: u64,
+    flushed: u64,
+}
+
+impl Trickle {
+    fn new(file: std::fs::File) -> Trickle {
+        Trickle {
+            file,
+            written: 0,
+            flushed: 0,
+        }
+    }
+
+    fn write_back(&mut self) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let (offset, len) = (self.flushed as i64, (self.written - self.flushed) as i64);
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: a plain syscall on a file descriptor this struct owns, with no pointers.
+        #[allow(unsafe_code)]
+        let done = unsafe { libc::sync_file_range(self.file.as_raw_fd(), offset, len, flags) };
+        if done != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        self.flushed = self.written;
+        Ok(())
+    }
+}
+
+impl Write for Trickle {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.flushed >= TRICKLE {
+            self.write_back()?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 fn header(position: u64, len: u64, crc: u32) -> [u8; HEADER_LEN] {

@@ -430,15 +430,7 @@ impl Thread {
             durable.snapshot_position,
             durable.log.end(),
         );
-        let spawned = std::thread::Builder::new()
-            .name("kv-indexer-snapshot".into())
-            .spawn(move || {
-                // The lowest priority: on a busy core, queries and applies go first.
-                if let Err(error) = thread_priority::ThreadPriority::Min.set_for_current() {
-                    warn!(?error, "cannot lower the snapshot thread's priority");
-                }
-                build_snapshot(&dir, from, to)
-            });
+        let spawned = crate::snapshot::spawn_builder(move || build_snapshot(&dir, from, to));
         match spawned {
             Ok(handle) => durable.building = Some(handle),
             Err(error) => warn!(%error, "cannot start the snapshot thread"),
@@ -454,7 +446,7 @@ impl Thread {
             let built = building.join().map_err(|_| {
                 StateError::Thread(std::io::Error::other("the snapshot thread panicked"))
             })??;
-            durable.retire(&built)?;
+            durable.retire(&built);
         }
         Ok(durable.snapshot_position)
     }
@@ -482,7 +474,8 @@ impl Thread {
             start,
         )?;
         durable.rotate()?;
-        durable.retire(&built)
+        durable.retire(&built);
+        Ok(())
     }
 }
 

@@ -100,6 +100,12 @@ struct Args {
     /// Appends the run's report as one JSON line to this file.
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// Writes the prefix query of prompt 0 (held whole by worker 0 after a preload with the same
+    /// --seed, --workers, --prompts and --prompt-blocks) to this file as a gRPC message (the
+    /// 5-byte frame header, then the protobuf), and exits: the body for a generator that sends
+    /// a file, such as h2load (`scripts/grpc_cores.py --h2load`).
+    #[arg(long)]
+    write_query: Option<PathBuf>,
     /// TLS and token, as every client of the Indexer takes them.
     #[command(flatten)]
     security: ClientSecurity,
@@ -367,6 +373,20 @@ async fn main() -> anyhow::Result<()> {
         args.concurrency > 0 && args.connections > 0,
         "--concurrency and --connections must be positive"
     );
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let prompts = prompts(&args, &mut rng);
+    if let Some(path) = &args.write_query {
+        let query = pb::MatchExternalKvPrefixRequest {
+            hashes: prompts[0].to_vec(),
+            ..Default::default()
+        };
+        let body = prost::Message::encode_to_vec(&query);
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&body);
+        std::fs::write(path, frame).with_context(|| format!("writing {}", path.display()))?;
+        return Ok(());
+    }
     let connector = Connector {
         credentials: args.security.load().context("TLS or token settings")?,
     };
@@ -378,8 +398,6 @@ async fn main() -> anyhow::Result<()> {
     // connection.
     let apply_address = args.ingest_endpoint.as_ref().unwrap_or(&args.endpoint);
     let mut loader = connector.client(&connector.connect(apply_address).await?);
-    let mut rng = StdRng::seed_from_u64(args.seed);
-    let prompts = prompts(&args, &mut rng);
     if !args.no_preload {
         preload(&args, &prompts, &mut loader, &mut rng).await?;
     }

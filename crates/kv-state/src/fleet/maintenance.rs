@@ -173,14 +173,7 @@ impl Applier {
             dir: self.epoch.as_deref().and_then(|e| self.snapshot_dir(e)),
             publish: self.lease,
         };
-        let spawned = std::thread::Builder::new()
-            .name("kv-indexer-snapshot".into())
-            .spawn(move || {
-                if let Err(error) = thread_priority::ThreadPriority::Min.set_for_current() {
-                    warn!(?error, "cannot lower the snapshot thread's priority");
-                }
-                job.run()
-            });
+        let spawned = snapshot::spawn_builder(move || job.run());
         match spawned {
             Ok(handle) => self.building = Some(handle),
             Err(error) => warn!(%error, "cannot start the snapshot thread"),
