@@ -5,11 +5,9 @@ set -eu
 if command -v redis-server >/dev/null 2>&1; then
     exit 0
 fi
+"$(dirname "$0")/apt_install.sh" redis-server redis-server
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends redis-server >/dev/null
 # The package starts a system-wide server on port 6379; the tests start their own.
 $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
 redis-server --version

@@ -208,6 +208,20 @@ async fn report_all(client: &mut Client, worker: &str, hashes: &[i64]) -> anyhow
     Ok(())
 }
 
+/// Writes the prefix query of `prompt` to `path` as one gRPC message: the 5-byte frame header
+/// (not compressed, the length big-endian), then the protobuf.
+fn write_query(path: &std::path::Path, prompt: &[i64]) -> anyhow::Result<()> {
+    let query = pb::MatchExternalKvPrefixRequest {
+        hashes: prompt.to_vec(),
+        ..Default::default()
+    };
+    let body = prost::Message::encode_to_vec(&query);
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    std::fs::write(path, frame).with_context(|| format!("writing {}", path.display()))
+}
+
 fn prompts(args: &Args, rng: &mut StdRng) -> Vec<Arc<Vec<i64>>> {
     let shared_len = args.prompt_blocks / 4;
     let groups: Vec<Vec<i64>> = (0..8)
@@ -376,16 +390,7 @@ async fn main() -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(args.seed);
     let prompts = prompts(&args, &mut rng);
     if let Some(path) = &args.write_query {
-        let query = pb::MatchExternalKvPrefixRequest {
-            hashes: prompts[0].to_vec(),
-            ..Default::default()
-        };
-        let body = prost::Message::encode_to_vec(&query);
-        let mut frame = vec![0u8];
-        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&body);
-        std::fs::write(path, frame).with_context(|| format!("writing {}", path.display()))?;
-        return Ok(());
+        return write_query(path, &prompts[0]);
     }
     let connector = Connector {
         credentials: args.security.load().context("TLS or token settings")?,
