@@ -146,7 +146,7 @@ impl Durable {
         }
     }
 
-    /// Records a written snapshot (its writer deleted what it covers, see [`write_snapshot`]).
+    /// Records a written snapshot (its builder deleted what it covers: [`prune`]).
     pub(crate) fn retire(&mut self, built: &Built) {
         self.snapshot_position = built.position;
         crate::observe::snapshot_written(built.bytes, built.took);
@@ -159,7 +159,8 @@ impl Durable {
     }
 }
 
-/// Builds the snapshot at `to` from the one at `from` (or nothing) and the records between.
+/// Builds the snapshot at `to` from the one at `from` (or nothing) and the records between,
+/// then deletes what it covers.
 pub(crate) fn build_snapshot(dir: &Path, from: u64, to: u64) -> Result<Built, StateError> {
     let start = Instant::now();
     let base = snapshot::path(dir, from);
@@ -171,24 +172,29 @@ pub(crate) fn build_snapshot(dir: &Path, from: u64, to: u64) -> Result<Built, St
         }));
     }
     let (index, meta, _, _) = rebuild(dir, (from > 0).then_some(base.as_path()), Some(to))?;
-    write_snapshot(dir, to, &index, &meta, start)
+    let built = write_snapshot(dir, to, &index, &meta, start)?;
+    prune(dir, to);
+    Ok(built)
 }
 
 /// Deletes the snapshots before `position` and the log segments the one at `position` covers.
 /// The snapshot thread does it, not the writer: deleting files of tens of MB (a journal
 /// commit, discards) held the writer for tens of ms.
-fn prune(dir: &Path, position: u64) -> Result<(), StateError> {
-    for (older, path) in snapshot::list(dir)? {
-        if older < position {
-            let _ = std::fs::remove_file(path);
+pub(crate) fn prune(dir: &Path, position: u64) {
+    let pruned = snapshot::list(dir).and_then(|snapshots| {
+        for (older, path) in snapshots {
+            if older < position {
+                let _ = std::fs::remove_file(path);
+            }
         }
+        crate::log::trim_dir_before(dir, position)
+    });
+    if let Err(error) = pruned {
+        warn!(error = %kv_common::error_chain(&error), "cannot trim the log below the snapshot");
     }
-    crate::log::trim_dir_before(dir, position)?;
-    Ok(())
 }
 
-/// Writes the snapshot of `index` and `meta` at `position` and deletes what it covers;
-/// `start` is when it was begun.
+/// Writes the snapshot of `index` and `meta` at `position`; `start` is when it was begun.
 pub(crate) fn write_snapshot(
     dir: &Path,
     position: u64,
@@ -197,9 +203,6 @@ pub(crate) fn write_snapshot(
     start: Instant,
 ) -> Result<Built, StateError> {
     let bytes = snapshot::write(dir, position, index, meta)?;
-    if let Err(error) = prune(dir, position) {
-        warn!(error = %kv_common::error_chain(&error), "cannot trim the log below the snapshot");
-    }
     Ok(Built {
         position,
         bytes,

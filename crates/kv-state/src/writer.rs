@@ -475,6 +475,7 @@ impl Thread {
         )?;
         durable.rotate()?;
         durable.retire(&built);
+        crate::durable::prune(durable.dir.path(), position);
         Ok(())
     }
 }
