@@ -89,13 +89,19 @@ async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
         let snapshots = kv_state::snapshot::list(&image).unwrap().len();
         assert_eq!(snapshots, 1, "older snapshots are deleted");
         let segments = kv_state::log::segments(&image).unwrap();
-        assert!(segments[0].first >= position, "the log below the snapshot is deleted");
+        assert!(
+            segments[0].first >= position,
+            "the log below the snapshot is deleted"
+        );
         state.stop().await;
         // The shutdown snapshot covers everything: one snapshot, and no segment below it.
         let (last, _) = kv_state::snapshot::list(&dir).unwrap().pop().unwrap();
         assert_eq!(kv_state::snapshot::list(&dir).unwrap().len(), 1);
         let segments = kv_state::log::segments(&dir).unwrap();
-        assert!(segments.iter().all(|s| s.first >= last), "{segments:?} below {last}");
+        assert!(
+            segments.iter().all(|s| s.first >= last),
+            "{segments:?} below {last}"
+        );
         let crashed = State::open(with_sync(&image)).await.unwrap();
         assert_eq!(crashed.answers(&QUERY), before, "sync {sync:?}");
         crashed.stop().await;
