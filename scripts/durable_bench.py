@@ -6,7 +6,8 @@ generator to CPU 1 when the machine has two):
    in memory and with KV_INDEXER_LOG_SYNC off / batch / always;
 2. start-up: preload P placements, then (a) kill -9 and restart (log replay), (b) SIGTERM
    (final snapshot) and restart (snapshot load), (c) a snapshot built in the background from
-   the log; time from the restart to SERVING, the snapshots' times and size, disk bytes per
+   the log, (d) one built from the snapshot and a little more log (as a running server builds
+   them); time from the restart to SERVING, the snapshots' times and size, disk bytes per
    placement, resident and peak memory; --runs N repeats it, --server NAME=PATH (repeatable)
    compares builds, interleaved;
 3. snapshot stalls: the longest apply and query latency while snapshots run every second,
@@ -179,6 +180,17 @@ def startup_once(args, logs, seed, binary, before):
     out["load_rss"], out["load_peak"] = memory_mb(loaded.popen.pid)
     out["load_equal"] = loaded.state()["digest"] == before["digest"]
     loaded.stop(signal.SIGKILL)
+    # A snapshot built as a running server builds them: from the previous snapshot and the log
+    # since (a few seconds of churn here).
+    steady = Server(args.base_port, logs, ["--state-dir", state, "--snapshot-interval-s", "3"], binary)
+    steady.wait_ready()
+    out["steady_rss"] = memory_mb(steady.popen.pid)[0]
+    loadgen(args.base_port, "--workers", 16, "--prompts", 16, "--prompt-blocks", 64, "--qps", 1,
+            "--concurrency", 1, "--duration-secs", 2, "--ingest-ops", 200000)
+    m = wait_for_log(steady, r"snapshot written.*?took_ms=(\d+)")
+    out["steady_build_s"] = int(m.group(1)) / 1000
+    out["steady_peak"] = memory_mb(steady.popen.pid)[1]
+    steady.stop(signal.SIGKILL)
     shutil.rmtree(state, ignore_errors=True)
     # A snapshot built in the background from the whole log (a server that has run for a
     # while): its time and the server's peak memory meanwhile.
@@ -224,7 +236,10 @@ def startup(args, logs):
                 ("disk B/placement", "disk_b", "{:.1f}"), ("resident after load, MB", "load_rss", "{:.0f}"),
                 ("peak during load, MB", "load_peak", "{:.0f}"), ("peak during replay, MB", "replay_peak", "{:.0f}"),
                 ("resident before a build, MB", "build_rss", "{:.0f}"),
-                ("peak while a snapshot is built, MB", "build_peak", "{:.0f}")]
+                ("peak while a snapshot is built, MB", "build_peak", "{:.0f}"),
+                ("snapshot + 2 s of log built, s", "steady_build_s", "{:.2f}"),
+                ("resident before it, MB", "steady_rss", "{:.0f}"),
+                ("peak while it is built, MB", "steady_peak", "{:.0f}")]
         print(f"{'':<36}" + "".join(f"{name:>26}" for name in figures))
         for label, key, fmt in rows:
             print(f"{label:<36}" + "".join(f"{median_range([r[key] for r in runs], fmt):>26}"
