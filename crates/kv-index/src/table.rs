@@ -209,8 +209,10 @@ impl BlockTable {
         }
         // Every bucket has its count byte; the table gets no more buckets than that allows.
         input.expect(buckets as u128)?;
+        // Allocated as the runs arrive: a damaged count must fail on the bytes, not abort on a
+        // reservation 64 times the file.
         let mut table = BlockTable {
-            buckets: Vec::with_capacity(buckets),
+            buckets: Vec::with_capacity(buckets.min(IMAGE_RUN)),
             len: 0,
             shift: 64 - buckets.max(1).trailing_zeros(),
         };
@@ -246,7 +248,7 @@ impl BlockTable {
                 "an entry names chunk slot {chunk} of {chunks}"
             )));
         }
-        if table.len != len {
+        if table.len != len || len * 5 > buckets * LANES * 4 {
             return Err(malformed(format!(
                 "{} entries where {len} were written, in {buckets} buckets",
                 table.len

@@ -171,7 +171,17 @@ pub(crate) fn build_snapshot(dir: &Path, from: u64, to: u64) -> Result<Built, St
             what: "the snapshot to build on is gone".into(),
         }));
     }
-    let (index, meta, _, _) = rebuild(dir, (from > 0).then_some(base.as_path()), Some(to))?;
+    let (index, meta, _, replayed) = rebuild(dir, (from > 0).then_some(base.as_path()), Some(to))?;
+    if from + replayed != to {
+        return Err(StateError::Log(LogError::Corrupt {
+            path: dir.to_path_buf(),
+            offset: 0,
+            what: format!(
+                "the log from {from} holds {replayed} records, not the {} up to {to}",
+                to - from
+            ),
+        }));
+    }
     let built = write_snapshot(dir, to, &index, &meta, start)?;
     prune(dir, to);
     Ok(built)

@@ -389,6 +389,8 @@ impl EventLog for FileLog {
 
 /// Deletes the segments of `dir` whose records all come before `position`: those followed by
 /// a segment starting at or before it (so never the newest one, the one being appended to).
+/// The writer never rotates while this runs: it rotates only once the snapshot builder that
+/// prunes has finished, and at shutdown it joins the builder first.
 pub fn trim_dir_before(dir: &Path, position: u64) -> Result<(), LogError> {
     let segments = segments(dir)?;
     for pair in segments.windows(2) {

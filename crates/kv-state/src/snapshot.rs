@@ -294,7 +294,14 @@ pub fn read(path: &Path) -> Result<Contents, LogError> {
             .map_err(io_error("reading", path))?;
         return from_bytes(path, &bytes);
     }
-    read_payload(path, &header, BufReader::with_capacity(IO_BUFFER, file))
+    let size = file.metadata().map_err(io_error("reading", path))?.len();
+    let payload = size.saturating_sub(HEADER_LEN as u64);
+    read_payload(
+        path,
+        &header,
+        payload,
+        BufReader::with_capacity(IO_BUFFER, file),
+    )
 }
 
 /// Checks and decodes a whole snapshot file's `bytes`; `origin` names where they came from in
@@ -303,7 +310,7 @@ pub fn from_bytes(origin: &Path, bytes: &[u8]) -> Result<Contents, LogError> {
     let header = check_header(origin, bytes)?;
     let payload = &bytes[HEADER_LEN..];
     if header.version >= 3 {
-        return read_payload(origin, &header, payload);
+        return read_payload(origin, &header, payload.len() as u64, payload);
     }
     if payload.len() as u64 != header.len {
         return Err(corrupt(
@@ -374,12 +381,18 @@ fn read_up_to(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(got)
 }
 
-/// Reads a format-3 payload from `input` (positioned after the header): the worker state
-/// section, then the index image; all of it must be the header's length and checksum. When the
-/// payload does not parse, the rest is read too, so that damage is reported as a checksum
-/// mismatch and only an intact payload that does not parse as malformed.
-fn read_payload(path: &Path, header: &Header, input: impl Read) -> Result<Contents, LogError> {
-    let mut input = ImageInput::new(Summed::new(input), header.len);
+/// Reads a format-3 payload of `size` bytes from `input` (positioned after the header): the
+/// worker state section, then the index image; all of it must be the header's length and
+/// checksum. When the payload does not parse, the rest is read too, so that damage is reported
+/// as a checksum mismatch and only an intact payload that does not parse as malformed.
+fn read_payload(
+    path: &Path,
+    header: &Header,
+    size: u64,
+    input: impl Read,
+) -> Result<Contents, LogError> {
+    // Bounded by what the file holds too: the header's length is only checked at the end.
+    let mut input = ImageInput::new(Summed::new(input), header.len.min(size));
     let parsed = read_meta_section(&mut input).and_then(|meta| {
         let index = Index::read_image(&mut input).map_err(|error| {
             let what = match error {

@@ -6,9 +6,10 @@
 //! no table probe, no piece split, no reverse-holding update. The result is the same index,
 //! layout included (stale table entries, dead pieces and free chunks too), so it answers
 //! alike and has the same digest. Reading checks every index that could otherwise point out of
-//! bounds (workers of placements, chunks of holdings, table entries and free slots) and the
-//! piece shape; what is left unchecked (that the table points at the right positions, the
-//! counters) is what the caller's checksum vouches for.
+//! bounds (workers of placements, chunks of holdings, table entries and free slots), the piece
+//! shape, each chunk's live count, that free slots are empty and the table's fill; what is
+//! left unchecked (that the table points at the right positions and holds each hash once, the
+//! index's counters) is what the caller's checksum vouches for.
 //!
 //! All integers are little-endian. Sections, in order:
 //! - workers: count, then per worker its id, address, spec, non-zero-mask count and reverse
@@ -85,9 +86,9 @@ impl Index {
             index.workers.push(worker);
         }
         let chunks = input.u64()? as usize;
-        // A chunk takes at least 17 bytes.
+        // A chunk takes at least 17 bytes; the vector grows as they arrive.
         input.expect(chunks as u128 * 17)?;
-        index.chunks.reserve_exact(chunks);
+        index.chunks.reserve(chunks.min(1 << 16));
         for c in 0..chunks {
             let chunk = read_chunk(input, workers)
                 .map_err(|error| in_context(error, &format!("chunk {c}")))?;
@@ -96,8 +97,9 @@ impl Index {
         let free = input.u32()? as usize;
         index.free_chunks = input.all(free, u32::from_le_bytes)?;
         let in_range = |c: u32| (c as usize) < chunks;
-        if !index.free_chunks.iter().all(|&c| in_range(c)) {
-            return Err(malformed("a free chunk slot past the chunks"));
+        let free = |c: u32| in_range(c) && index.chunks[c as usize].hashes.is_empty();
+        if !index.free_chunks.iter().all(|&c| free(c)) {
+            return Err(malformed("a free chunk slot past the chunks or not empty"));
         }
         for (w, worker) in index.workers.iter().enumerate() {
             if !worker
@@ -113,7 +115,7 @@ impl Index {
         index.table = BlockTable::read_image(input, chunks)?;
         let hits = input.u64()? as usize;
         input.expect(hits as u128 * 16)?;
-        index.hits.reserve(hits);
+        index.hits.reserve(hits.min(1 << 16));
         input.each(hits, |b: [u8; 16]| {
             let (hash, count) = b.split_at(8);
             index.hits.insert(
@@ -242,13 +244,23 @@ fn read_chunk(input: &mut ImageInput<impl Read>, workers: usize) -> Result<Chunk
         }
         pieces.push(Piece { begin, placements });
     }
-    Ok(Chunk {
+    let chunk = Chunk {
         hashes,
         tokens,
         pieces,
         live,
         has_hits: flags & HAS_HITS != 0,
-    })
+    };
+    let counted: usize = (0..chunk.pieces.len())
+        .filter(|&k| !chunk.pieces[k].placements.is_empty())
+        .map(|k| chunk.piece_end(k) - chunk.pieces[k].begin as usize)
+        .sum();
+    if counted != live as usize || flags & !(HAS_HITS | PER_BLOCK_TOKENS) != 0 {
+        return Err(malformed(format!(
+            "{live} live positions where the pieces hold {counted}, flags {flags}"
+        )));
+    }
+    Ok(chunk)
 }
 
 fn put_spec(out: &mut impl Write, spec: Option<CacheSpec>) -> io::Result<()> {
