@@ -52,7 +52,10 @@ pub enum LogError {
     Gap { first: u64, wanted: u64 },
 }
 
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LogError + 'a {
+pub(crate) fn io<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> LogError + 'a {
     move |source| LogError::Io {
         op,
         path: path.to_path_buf(),
@@ -163,7 +166,7 @@ fn read_segment(segment: &Segment, last: bool) -> Result<(Vec<Vec<u8>>, u64), Lo
     Ok((records, offset))
 }
 
-fn corrupt(path: &Path, offset: u64, what: impl Into<String>) -> LogError {
+pub(crate) fn corrupt(path: &Path, offset: u64, what: impl Into<String>) -> LogError {
     LogError::Corrupt {
         path: path.to_path_buf(),
         offset,

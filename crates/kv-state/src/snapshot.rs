@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use kv_index::{CacheSpec, Export, ExportedWorker, Held, ImageError, ImageInput, Index};
 
-use crate::log::{LogError, sync_dir};
+use crate::log::{LogError, corrupt, io, sync_dir};
 use crate::meta::{Meta, WorkerMeta};
 
 const MAGIC: &[u8; 8] = b"SGLKVSNP";
@@ -48,11 +48,6 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
 
 pub fn path(dir: &Path, position: u64) -> PathBuf {
     dir.join(format!("snapshot-{position:020}.snap"))
-}
-
-fn io_error(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> LogError {
-    let path = path.to_path_buf();
-    move |source| LogError::Io { op, path, source }
 }
 
 /// Starts `build` on a thread of its own at the idle scheduling class (`SCHED_IDLE`, else the
@@ -87,7 +82,7 @@ pub fn spawn_builder<T: Send + 'static>(
 pub fn write(dir: &Path, position: u64, index: &Index, meta: &Meta) -> Result<u64, LogError> {
     let target = path(dir, position);
     let tmp = target.with_extension("snap.tmp");
-    let file = std::fs::File::create(&tmp).map_err(io_error("creating", &tmp))?;
+    let file = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
     let mut out = BufWriter::with_capacity(IO_BUFFER, Trickle::new(file));
     let written = (|| {
         out.write_all(&header(position, 0, 0))?;
@@ -98,8 +93,8 @@ pub fn write(dir: &Path, position: u64, index: &Index, meta: &Meta) -> Result<u6
         file.sync_all()?;
         Ok(HEADER_LEN as u64 + len)
     })()
-    .map_err(io_error("writing", &tmp))?;
-    std::fs::rename(&tmp, &target).map_err(io_error("renaming", &tmp))?;
+    .map_err(io("writing", &tmp))?;
+    std::fs::rename(&tmp, &target).map_err(io("renaming", &tmp))?;
     sync_dir(dir)?;
     Ok(written)
 }
@@ -119,11 +114,11 @@ pub fn write_bytes(dir: &Path, position: u64, bytes: &[u8]) -> Result<(), LogErr
     let target = path(dir, position);
     let tmp = target.with_extension("snap.tmp");
     {
-        let mut file = std::fs::File::create(&tmp).map_err(io_error("creating", &tmp))?;
-        file.write_all(bytes).map_err(io_error("writing", &tmp))?;
-        file.sync_all().map_err(io_error("syncing", &tmp))?;
+        let mut file = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+        file.write_all(bytes).map_err(io("writing", &tmp))?;
+        file.sync_all().map_err(io("syncing", &tmp))?;
     }
-    std::fs::rename(&tmp, &target).map_err(io_error("renaming", &tmp))?;
+    std::fs::rename(&tmp, &target).map_err(io("renaming", &tmp))?;
     sync_dir(dir)
 }
 
@@ -284,17 +279,19 @@ fn put_meta(out: &mut Vec<u8>, meta: &WorkerMeta) {
 
 /// Reads and checks the snapshot at `path`.
 pub fn read(path: &Path) -> Result<Contents, LogError> {
-    let mut file = std::fs::File::open(path).map_err(io_error("reading", path))?;
-    let mut head = [0; HEADER_LEN];
-    let got = read_up_to(&mut file, &mut head).map_err(io_error("reading", path))?;
-    let header = check_header(path, &head[..got])?;
+    let mut file = std::fs::File::open(path).map_err(io("reading", path))?;
+    let mut head = Vec::with_capacity(HEADER_LEN);
+    (&mut file)
+        .take(HEADER_LEN as u64)
+        .read_to_end(&mut head)
+        .map_err(io("reading", path))?;
+    let header = check_header(path, &head)?;
     if header.version < 3 {
-        let mut bytes = head.to_vec();
-        file.read_to_end(&mut bytes)
-            .map_err(io_error("reading", path))?;
+        let mut bytes = head;
+        file.read_to_end(&mut bytes).map_err(io("reading", path))?;
         return from_bytes(path, &bytes);
     }
-    let size = file.metadata().map_err(io_error("reading", path))?.len();
+    let size = file.metadata().map_err(io("reading", path))?.len();
     let payload = size.saturating_sub(HEADER_LEN as u64);
     read_payload(
         path,
@@ -312,27 +309,19 @@ pub fn from_bytes(origin: &Path, bytes: &[u8]) -> Result<Contents, LogError> {
     if header.version >= 3 {
         return read_payload(origin, &header, payload.len() as u64, payload);
     }
-    if payload.len() as u64 != header.len {
-        return Err(corrupt(
-            origin,
-            20,
-            "the payload length does not match the file",
-        ));
-    }
-    if crc32fast::hash(payload) != header.crc {
-        return Err(corrupt(
-            origin,
-            HEADER_LEN,
-            "the payload checksum does not match",
-        ));
-    }
+    header.check(origin, payload.len() as u64, crc32fast::hash(payload))?;
     let mut reader = Reader {
         bytes: payload,
         at: 0,
         version: header.version,
     };
-    let (export, meta) = decode_export(&mut reader)
-        .ok_or_else(|| corrupt(origin, HEADER_LEN + reader.at, "the payload does not parse"))?;
+    let (export, meta) = decode_export(&mut reader).ok_or_else(|| {
+        corrupt(
+            origin,
+            (HEADER_LEN + reader.at) as u64,
+            "the payload does not parse",
+        )
+    })?;
     Ok(Contents {
         position: header.position,
         index: Index::import(&export),
@@ -340,19 +329,32 @@ pub fn from_bytes(origin: &Path, bytes: &[u8]) -> Result<Contents, LogError> {
     })
 }
 
-fn corrupt(path: &Path, offset: usize, what: &str) -> LogError {
-    LogError::Corrupt {
-        path: path.to_path_buf(),
-        offset: offset as u64,
-        what: what.to_string(),
-    }
-}
-
 struct Header {
     version: u32,
     position: u64,
     len: u64,
     crc: u32,
+}
+
+impl Header {
+    /// Checks a payload's length and checksum against the header's.
+    fn check(&self, path: &Path, len: u64, crc: u32) -> Result<(), LogError> {
+        if len != self.len {
+            return Err(corrupt(
+                path,
+                20,
+                "the payload length does not match the file",
+            ));
+        }
+        if crc != self.crc {
+            return Err(corrupt(
+                path,
+                HEADER_LEN as u64,
+                "the payload checksum does not match",
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn check_header(path: &Path, bytes: &[u8]) -> Result<Header, LogError> {
@@ -367,18 +369,6 @@ fn check_header(path: &Path, bytes: &[u8]) -> Result<Header, LogError> {
         len: word(20),
         crc: u32::from_le_bytes(bytes[28..32].try_into().expect("4 bytes")),
     })
-}
-
-/// Reads as much of `buf` as `input` holds.
-fn read_up_to(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match input.read(&mut buf[got..])? {
-            0 => break,
-            n => got += n,
-        }
-    }
-    Ok(got)
 }
 
 /// Reads a format-3 payload of `size` bytes from `input` (positioned after the header): the
@@ -407,28 +397,13 @@ fn read_payload(
     });
     let offset = input.offset();
     let mut summed = input.into_inner();
-    let rest =
-        std::io::copy(&mut summed, &mut std::io::sink()).map_err(io_error("reading", path))?;
-    if summed.len != header.len {
-        return Err(corrupt(
-            path,
-            20,
-            "the payload length does not match the file",
-        ));
-    }
-    if summed.crc_with(header.position) != header.crc {
-        return Err(corrupt(
-            path,
-            HEADER_LEN,
-            "the payload checksum does not match",
-        ));
-    }
-    let (meta, index) =
-        parsed.map_err(|(at, what)| corrupt(path, HEADER_LEN + at as usize, &what))?;
+    let rest = std::io::copy(&mut summed, &mut std::io::sink()).map_err(io("reading", path))?;
+    header.check(path, summed.len, summed.crc_with(header.position))?;
+    let (meta, index) = parsed.map_err(|(at, what)| corrupt(path, HEADER_LEN as u64 + at, what))?;
     if rest != 0 {
         return Err(corrupt(
             path,
-            HEADER_LEN + offset as usize,
+            HEADER_LEN as u64 + offset,
             "the payload has bytes after its end",
         ));
     }
