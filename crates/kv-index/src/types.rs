@@ -91,6 +91,39 @@ pub struct CacheSpec {
 }
 
 impl CacheSpec {
+    /// Its fields in the order snapshots store them: version, components, SWA window, and the
+    /// full, SWA and Mamba tier masks.
+    pub fn to_words(self) -> [u32; 6] {
+        [
+            self.version,
+            self.components,
+            self.swa_window_tokens,
+            self.full_tier_mask,
+            self.swa_tier_mask,
+            self.mamba_tier_mask,
+        ]
+    }
+
+    /// The spec that [`CacheSpec::to_words`] gave `words`.
+    pub fn from_words(words: [u32; 6]) -> CacheSpec {
+        let [
+            version,
+            components,
+            swa_window_tokens,
+            full_tier_mask,
+            swa_tier_mask,
+            mamba_tier_mask,
+        ] = words;
+        CacheSpec {
+            version,
+            components,
+            swa_window_tokens,
+            full_tier_mask,
+            swa_tier_mask,
+            mamba_tier_mask,
+        }
+    }
+
     /// A spec that the prefix rules can use: version 0 or 1, some component, and a window when
     /// SWA is configured. Workers with an invalid spec match nothing.
     pub fn is_valid(&self) -> bool {

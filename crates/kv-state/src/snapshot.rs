@@ -447,14 +447,7 @@ fn encode_export(export: &Export, meta: &Meta) -> Vec<u8> {
             None => out.push(0),
             Some(spec) => {
                 out.push(1);
-                for value in [
-                    spec.version,
-                    spec.components,
-                    spec.swa_window_tokens,
-                    spec.full_tier_mask,
-                    spec.swa_tier_mask,
-                    spec.mamba_tier_mask,
-                ] {
+                for value in spec.to_words() {
                     put_u32(&mut out, value);
                 }
             }
@@ -544,14 +537,13 @@ fn decode_worker(r: &mut Reader<'_>) -> Option<(ExportedWorker, WorkerMeta)> {
     let address = r.str()?;
     let spec = match r.u8()? {
         0 => None,
-        1 => Some(CacheSpec {
-            version: r.u32()?,
-            components: r.u32()?,
-            swa_window_tokens: r.u32()?,
-            full_tier_mask: r.u32()?,
-            swa_tier_mask: r.u32()?,
-            mamba_tier_mask: r.u32()?,
-        }),
+        1 => {
+            let mut words = [0; 6];
+            for word in &mut words {
+                *word = r.u32()?;
+            }
+            Some(CacheSpec::from_words(words))
+        }
         _ => return None,
     };
     let meta = r.meta()?;

@@ -268,14 +268,7 @@ fn put_spec(out: &mut impl Write, spec: Option<CacheSpec>) -> io::Result<()> {
         return out.write_all(&[0]);
     };
     out.write_all(&[1])?;
-    for value in [
-        spec.version,
-        spec.components,
-        spec.swa_window_tokens,
-        spec.full_tier_mask,
-        spec.swa_tier_mask,
-        spec.mamba_tier_mask,
-    ] {
+    for value in spec.to_words() {
         put_u32(out, value)?;
     }
     Ok(())
@@ -284,14 +277,13 @@ fn put_spec(out: &mut impl Write, spec: Option<CacheSpec>) -> io::Result<()> {
 fn get_spec(input: &mut ImageInput<impl Read>) -> Result<Option<CacheSpec>, ImageError> {
     match input.u8()? {
         0 => Ok(None),
-        1 => Ok(Some(CacheSpec {
-            version: input.u32()?,
-            components: input.u32()?,
-            swa_window_tokens: input.u32()?,
-            full_tier_mask: input.u32()?,
-            swa_tier_mask: input.u32()?,
-            mamba_tier_mask: input.u32()?,
-        })),
+        1 => {
+            let mut words = [0; 6];
+            for word in &mut words {
+                *word = input.u32()?;
+            }
+            Ok(Some(CacheSpec::from_words(words)))
+        }
         tag => Err(malformed(format!("spec tag {tag}"))),
     }
 }
