@@ -101,6 +101,12 @@ pub struct Args {
     /// all).
     #[arg(long, env = "KV_ROUTER_MIN_LOAD_CHOICES", default_value_t = 0)]
     pub min_load_choices: usize,
+    /// Routing by load draws at random among the workers whose prefill pressure is within this
+    /// many tokens of the lowest (unset: the lowest, ties by active requests). Gateways that
+    /// decide on the same load reports then spread their requests instead of sending them all
+    /// to the one worker that looks least loaded.
+    #[arg(long, env = "KV_ROUTER_LOAD_TIE_TOKENS")]
+    pub load_tie_tokens: Option<usize>,
     /// What a prefix hit on the host tier (DRAM) is worth against one in HBM (peers use
     /// 0.75-0.8). Only sources that know tiers use it (the Indexer's prefix answer does not).
     #[arg(long, env = "KV_ROUTER_CACHE_HIT_WEIGHT_DRAM", default_value_t = 0.75)]
@@ -222,6 +228,7 @@ pub struct RouterConfig {
     pub prediction_ttl: Option<Duration>,
     pub selection: Selection,
     pub min_load_choices: usize,
+    pub load_tie_tokens: Option<usize>,
     pub conversation_affinity: bool,
     pub tokenizer_path: Option<PathBuf>,
     pub model_id: String,
@@ -315,6 +322,7 @@ impl RouterConfig {
                 .then(|| Duration::from_millis(args.kv_indexer_prediction_ttl_ms)),
             selection,
             min_load_choices: args.min_load_choices,
+            load_tie_tokens: args.load_tie_tokens,
             conversation_affinity: args.conversation_affinity,
             tokenizer_path: args.tokenizer_path.clone(),
             model_id: args.model_id.clone(),
@@ -546,6 +554,8 @@ mod tests {
             "2",
             "--min-load-choices",
             "2",
+            "--load-tie-tokens",
+            "2048",
             "--cache-hit-weight-dram",
             "0.8",
             "--conversation-affinity",
@@ -574,6 +584,7 @@ mod tests {
             }
         );
         assert_eq!(c.min_load_choices, 2);
+        assert_eq!(c.load_tie_tokens, Some(2048));
         assert!(c.conversation_affinity);
     }
 

@@ -103,6 +103,7 @@ pub fn state(
                 tree: with_tree.then(|| Mutex::new(RadixTree::new(config.radix_max_tokens))),
                 selection: config.selection,
                 min_load_choices: config.min_load_choices,
+                load_tie_tokens: config.load_tie_tokens,
                 logs: Default::default(),
             }))
         }

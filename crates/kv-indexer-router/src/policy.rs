@@ -159,6 +159,9 @@ pub struct CacheAware {
     pub selection: Selection,
     /// The least loaded worker is picked among this many drawn at random (0: all).
     pub min_load_choices: usize,
+    /// Routing by load draws among the workers within this many tokens of prefill pressure of
+    /// the lowest (`None`: the lowest).
+    pub load_tie_tokens: Option<usize>,
     pub logs: DoublingLogs,
 }
 
@@ -397,7 +400,8 @@ impl CacheAware {
         });
     }
 
-    /// The least loaded routable worker, among `min_load_choices` drawn at random when set.
+    /// The least loaded routable worker, among `min_load_choices` drawn at random when set,
+    /// or one drawn among the nearly least loaded (`load_tie_tokens`).
     fn least_loaded(&self, workers: &Workers, routable: &[usize]) -> usize {
         let pool: Vec<usize> =
             if self.min_load_choices == 0 || self.min_load_choices >= routable.len() {
@@ -408,7 +412,11 @@ impl CacheAware {
                     .copied()
                     .collect()
             };
-        workers.least_loaded(&pool).expect("routable is not empty")
+        match self.load_tie_tokens {
+            Some(margin) => workers.near_least_loaded(&pool, margin, &mut rand::rng()),
+            None => workers.least_loaded(&pool),
+        }
+        .expect("routable is not empty")
     }
 
     /// The radix tree as the source: its longest match, every holder a candidate.

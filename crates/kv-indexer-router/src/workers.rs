@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, SharedString};
 use parking_lot::Mutex;
+use rand::seq::IndexedRandom;
 use serde_json::Value;
 
 use crate::selection::Load;
@@ -346,6 +347,28 @@ impl Workers {
             .min_by_key(|&i| (self.list[i].load(), i))
     }
 
+    /// A worker drawn at random among those of `among` whose prefill pressure is within
+    /// `margin` tokens of the lowest, if any: gateways deciding on the same load reports then
+    /// spread their requests over the nearly idle workers instead of all picking the same one.
+    pub fn near_least_loaded(
+        &self,
+        among: &[usize],
+        margin: usize,
+        rng: &mut impl rand::Rng,
+    ) -> Option<usize> {
+        let pressure: Vec<(usize, usize)> = among
+            .iter()
+            .map(|&i| (i, self.list[i].load().pressure))
+            .collect();
+        let lowest = pressure.iter().map(|&(_, p)| p).min()?;
+        let near: Vec<usize> = pressure
+            .iter()
+            .filter(|&&(_, p)| p <= lowest.saturating_add(margin))
+            .map(|&(i, _)| i)
+            .collect();
+        near.choose(rng).copied()
+    }
+
     /// Counts a request sent to worker `index` whose prefill computes `prefill_tokens`.
     pub fn start(self: &Arc<Self>, index: usize, prefill_tokens: usize) -> LoadGuard {
         let worker = &self.list[index];
@@ -529,6 +552,32 @@ mod tests {
         *worker.reported.lock() = None;
         drop((before, after));
         assert_eq!((worker.load().pressure, worker.load().active), (0, 0));
+    }
+
+    #[test]
+    fn near_least_loaded_draws_only_among_workers_within_the_margin() {
+        use rand::SeedableRng;
+        let urls: Vec<String> = (0..4).map(|i| format!("http://w:{i}")).collect();
+        let workers = Arc::new(Workers::new(&urls));
+        // Prefill pressure 1,000, 1,400, 1,600 and 5,000 tokens.
+        let _sent: Vec<LoadGuard> = [1000, 1400, 1600, 5000]
+            .iter()
+            .enumerate()
+            .map(|(i, &tokens)| workers.start(i, tokens))
+            .collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let all = [0, 1, 2, 3];
+        let mut drawn = [0; 4];
+        for _ in 0..400 {
+            drawn[workers.near_least_loaded(&all, 500, &mut rng).unwrap()] += 1;
+        }
+        // Within 500 of the lowest (1,000): workers 0 and 1, each drawn about half the time.
+        assert_eq!((drawn[2], drawn[3]), (0, 0));
+        assert!(drawn[0] > 120 && drawn[1] > 120, "{drawn:?}");
+        // A margin of 0 keeps only the lowest; no workers, no answer.
+        assert_eq!(workers.near_least_loaded(&all, 0, &mut rng), Some(0));
+        assert_eq!(workers.near_least_loaded(&[2, 3], 100, &mut rng), Some(2));
+        assert_eq!(workers.near_least_loaded(&[], 100, &mut rng), None);
     }
 
     #[test]
