@@ -301,7 +301,9 @@ impl CacheAware {
             source => self.exact(source, workers, routable, tokens).await?,
         };
         let load = |w: usize| workers.list[w].load();
-        let backup = self.least_loaded(workers, routable);
+        // The guards' backup is the least loaded worker itself: a hot prefix's second home is
+        // chosen on load alone (drawing it among near ties spread the load worse, measured).
+        let backup = self.least_loaded(workers, routable, false);
         let matched_on = |w: usize| {
             exact
                 .candidates
@@ -343,7 +345,7 @@ impl CacheAware {
                     // A new prompt has no match: ordinary, not a warning.
                     info!(total, "no usable cache match; routing by load");
                 }
-                (backup, exact.miss)
+                (self.least_loaded(workers, routable, true), exact.miss)
             }
         };
         if let Some(tree) = &self.tree {
@@ -401,8 +403,8 @@ impl CacheAware {
     }
 
     /// The least loaded routable worker, among `min_load_choices` drawn at random when set,
-    /// or one drawn among the nearly least loaded (`load_tie_tokens`).
-    fn least_loaded(&self, workers: &Workers, routable: &[usize]) -> usize {
+    /// or, when `draw`, one drawn among the nearly least loaded (`load_tie_tokens`).
+    fn least_loaded(&self, workers: &Workers, routable: &[usize], draw: bool) -> usize {
         let pool: Vec<usize> =
             if self.min_load_choices == 0 || self.min_load_choices >= routable.len() {
                 routable.to_vec()
@@ -412,7 +414,7 @@ impl CacheAware {
                     .copied()
                     .collect()
             };
-        match self.load_tie_tokens {
+        match self.load_tie_tokens.filter(|_| draw) {
             Some(margin) => workers.near_least_loaded(&pool, margin, &mut rand::rng()),
             None => workers.least_loaded(&pool),
         }
