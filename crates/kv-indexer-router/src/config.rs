@@ -101,10 +101,11 @@ pub struct Args {
     /// all).
     #[arg(long, env = "KV_ROUTER_MIN_LOAD_CHOICES", default_value_t = 0)]
     pub min_load_choices: usize,
-    /// Routing by load draws at random among the workers whose prefill pressure is within this
-    /// many tokens of the lowest (unset: the lowest, ties by active requests). Gateways that
-    /// decide on the same load reports then spread their requests instead of sending them all
-    /// to the one worker that looks least loaded.
+    /// A request with no usable match goes to a worker drawn at random among those whose
+    /// prefill pressure is within this many tokens of the lowest (unset: the lowest, ties by
+    /// active requests). Gateways that decide on the same load reports then spread their
+    /// requests instead of sending them all to the one worker that looks least loaded. The
+    /// guards' backup is always the least loaded itself.
     #[arg(long, env = "KV_ROUTER_LOAD_TIE_TOKENS")]
     pub load_tie_tokens: Option<usize>,
     /// What a prefix hit on the host tier (DRAM) is worth against one in HBM (peers use

@@ -159,8 +159,8 @@ pub struct CacheAware {
     pub selection: Selection,
     /// The least loaded worker is picked among this many drawn at random (0: all).
     pub min_load_choices: usize,
-    /// Routing by load draws among the workers within this many tokens of prefill pressure of
-    /// the lowest (`None`: the lowest).
+    /// A request with no usable match draws among the workers within this many tokens of
+    /// prefill pressure of the lowest (`None`: the lowest); the guards' backup never draws.
     pub load_tie_tokens: Option<usize>,
     pub logs: DoublingLogs,
 }
@@ -301,9 +301,10 @@ impl CacheAware {
             source => self.exact(source, workers, routable, tokens).await?,
         };
         let load = |w: usize| workers.list[w].load();
+        let pool = self.load_pool(routable);
         // The guards' backup is the least loaded worker itself: a hot prefix's second home is
         // chosen on load alone (drawing it among near ties spread the load worse, measured).
-        let backup = self.least_loaded(workers, routable, false);
+        let backup = workers.least_loaded(&pool).expect("routable is not empty");
         let matched_on = |w: usize| {
             exact
                 .candidates
@@ -345,7 +346,7 @@ impl CacheAware {
                     // A new prompt has no match: ordinary, not a warning.
                     info!(total, "no usable cache match; routing by load");
                 }
-                (self.least_loaded(workers, routable, true), exact.miss)
+                (self.by_load(workers, &pool, backup), exact.miss)
             }
         };
         if let Some(tree) = &self.tree {
@@ -402,23 +403,25 @@ impl CacheAware {
         });
     }
 
-    /// The least loaded routable worker, among `min_load_choices` drawn at random when set,
-    /// or, when `draw`, one drawn among the nearly least loaded (`load_tie_tokens`).
-    fn least_loaded(&self, workers: &Workers, routable: &[usize], draw: bool) -> usize {
-        let pool: Vec<usize> =
-            if self.min_load_choices == 0 || self.min_load_choices >= routable.len() {
-                routable.to_vec()
-            } else {
-                routable
-                    .choose_multiple(&mut rand::rng(), self.min_load_choices)
-                    .copied()
-                    .collect()
-            };
-        match self.load_tie_tokens.filter(|_| draw) {
-            Some(margin) => workers.near_least_loaded(&pool, margin, &mut rand::rng()),
-            None => workers.least_loaded(&pool),
+    /// The workers routing by load chooses among: `min_load_choices` drawn at random when
+    /// set, else every routable one.
+    fn load_pool(&self, routable: &[usize]) -> Vec<usize> {
+        if self.min_load_choices == 0 || self.min_load_choices >= routable.len() {
+            routable.to_vec()
+        } else {
+            routable
+                .choose_multiple(&mut rand::rng(), self.min_load_choices)
+                .copied()
+                .collect()
         }
-        .expect("routable is not empty")
+    }
+
+    /// Where a request with no usable match goes: `least` (the least loaded of `pool`), or
+    /// with `load_tie_tokens` one drawn among the nearly least loaded of `pool`.
+    fn by_load(&self, workers: &Workers, pool: &[usize], least: usize) -> usize {
+        self.load_tie_tokens
+            .and_then(|margin| workers.near_least_loaded(pool, margin, &mut rand::rng()))
+            .unwrap_or(least)
     }
 
     /// The radix tree as the source: its longest match, every holder a candidate.
