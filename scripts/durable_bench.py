@@ -8,7 +8,9 @@ generator to CPU 1 when the machine has two):
    (final snapshot) and restart (snapshot load), (c) a snapshot built in the background from
    the log, (d) one built from the snapshot and a little more log (as a running server builds
    them); time from the restart to SERVING, the snapshots' times and size, disk bytes per
-   placement, resident and peak memory; --runs N repeats it, --server NAME=PATH (repeatable)
+   placement, resident and peak memory (a snapshot process's too: PSS of the server and its
+   children, sampled every 0.1 s, against the server's own peak), and (e) snapshots every second
+   under heavy churn: the memory beside the index and the writer's longest fork pause; --runs N repeats it, --server NAME=PATH (repeatable)
    compares builds, interleaved;
 3. snapshot stalls: the longest apply and query latency while snapshots run every second,
    next to the same run without snapshots.
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -137,6 +140,53 @@ def memory_mb(pid):
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
+def tree_pss_mb(pid):
+    """Proportional set size, MB, of process `pid` and its children. A snapshot written by a
+    forked child shares the server's pages copy-on-write; PSS counts each page once over both,
+    so the sum is the memory the two hold together."""
+    pids = [pid]
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                pids += [int(child) for child in f.read().split()]
+        except OSError:
+            pass
+    kb = 0
+    for one in pids:
+        try:
+            with open(f"/proc/{one}/smaps_rollup") as f:
+                kb += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except OSError:
+            pass  # the child has just exited
+    return kb / 1024
+
+
+class PeakSampler:
+    """The highest tree_pss_mb(pid) seen, sampled every `every` s on a thread until stop()."""
+
+    def __init__(self, pid, every=0.1):
+        self.pid, self.every, self.peak = pid, every, 0.0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.done.is_set():
+            self.peak = max(self.peak, tree_pss_mb(self.pid))
+            self.done.wait(self.every)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def build_peak_mb(pid, sampler):
+    """Peak memory while a snapshot was built: the server's own peak resident size, or the
+    sampled peak of the server and its snapshot process together, whichever is higher."""
+    return max(memory_mb(pid)[1], sampler.stop())
+
+
 def median_range(values, fmt="{:.2f}"):
     """'median (min-max)' of `values`, or the one value."""
     values = sorted(values)
@@ -185,12 +235,27 @@ def startup_once(args, logs, seed, binary, before):
     steady = Server(args.base_port, logs, ["--state-dir", state, "--snapshot-interval-s", "3"], binary)
     steady.wait_ready()
     out["steady_rss"] = memory_mb(steady.popen.pid)[0]
+    sampler = PeakSampler(steady.popen.pid)
     loadgen(args.base_port, "--workers", 16, "--prompts", 16, "--prompt-blocks", 64, "--qps", 1,
             "--concurrency", 1, "--duration-secs", 2, "--ingest-ops", 200000)
     m = wait_for_log(steady, r"snapshot written.*?took_ms=(\d+)")
     out["steady_build_s"] = int(m.group(1)) / 1000
-    out["steady_peak"] = memory_mb(steady.popen.pid)[1]
+    out["steady_peak"] = build_peak_mb(steady.popen.pid, sampler)
     steady.stop(signal.SIGKILL)
+    # Snapshots every second under heavy churn (200k block-ops/s for --churn-secs): the
+    # memory they hold beside the index (a forked child's copied pages) and the writer's
+    # longest pause for a fork.
+    churned = Server(args.base_port, logs, ["--state-dir", state, "--snapshot-interval-s", "1"], binary)
+    churned.wait_ready()
+    out["churn_rss"] = memory_mb(churned.popen.pid)[0]
+    sampler = PeakSampler(churned.popen.pid, every=0.02)
+    loadgen(args.base_port, "--workers", 16, "--prompts", 16, "--prompt-blocks", 64, "--qps", 1,
+            "--concurrency", 1, "--duration-secs", args.churn_secs, "--ingest-ops", 200000)
+    wait_for_log(churned, r"snapshot written.*?took_ms=(\d+)")
+    out["churn_peak"] = build_peak_mb(churned.popen.pid, sampler)
+    pauses = [int(us) for us in re.findall(r"snapshot written.*?fork_us=(\d+)", churned.log_text())]
+    out["fork_ms"] = max(pauses, default=0) / 1000
+    churned.stop(signal.SIGKILL)
     shutil.rmtree(state, ignore_errors=True)
     # A snapshot built in the background from the whole log (a server that has run for a
     # while): its time and the server's peak memory meanwhile.
@@ -198,9 +263,10 @@ def startup_once(args, logs, seed, binary, before):
     building = Server(args.base_port, logs, ["--state-dir", state, "--snapshot-interval-s", "1"], binary)
     building.wait_ready()
     rss, _ = memory_mb(building.popen.pid)
+    sampler = PeakSampler(building.popen.pid)
     m = wait_for_log(building, r"snapshot written.*?took_ms=(\d+)")
     out["build_s"] = int(m.group(1)) / 1000
-    out["build_rss"], out["build_peak"] = rss, memory_mb(building.popen.pid)[1]
+    out["build_rss"], out["build_peak"] = rss, build_peak_mb(building.popen.pid, sampler)
     building.stop(signal.SIGKILL)
     shutil.rmtree(state, ignore_errors=True)
     return out
@@ -239,7 +305,10 @@ def startup(args, logs):
                 ("peak while a snapshot is built, MB", "build_peak", "{:.0f}"),
                 ("snapshot + 2 s of log built, s", "steady_build_s", "{:.2f}"),
                 ("resident before it, MB", "steady_rss", "{:.0f}"),
-                ("peak while it is built, MB", "steady_peak", "{:.0f}")]
+                ("peak while it is built, MB", "steady_peak", "{:.0f}"),
+                ("snapshots under churn: resident, MB", "churn_rss", "{:.0f}"),
+                ("peak under churn, MB", "churn_peak", "{:.0f}"),
+                ("longest fork pause, ms", "fork_ms", "{:.1f}")]
         print(f"{'':<36}" + "".join(f"{name:>26}" for name in figures))
         for label, key, fmt in rows:
             print(f"{label:<36}" + "".join(f"{median_range([r[key] for r in runs], fmt):>26}"
@@ -311,6 +380,8 @@ def main():
     ap.add_argument("--stall-secs", type=int, default=10)
     ap.add_argument("--stall-log-sync", default="batch", help="the stall runs' --log-sync")
     ap.add_argument("--state-root", default=None, help="where state directories go (default: the temp dir)")
+    ap.add_argument("--churn-secs", type=int, default=6,
+                    help="seconds of 200k block-ops/s churn with a snapshot every second (start-up part)")
     ap.add_argument("--runs", type=int, default=1, help="start-up runs per placement target (builds interleaved)")
     ap.add_argument("--server", action="append", default=[], metavar="NAME=PATH",
                     help="a server build to measure start-up with (repeatable; default: ours in target/release)")

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use kv_common::{Secret, read_pem};
 
-use kv_state::settings::{FleetSettings, Settings, SyncPolicy};
+use kv_state::settings::{FleetSettings, Settings, SnapshotMethod, SyncPolicy};
 use kv_state::stream::{StreamConfig, StreamConfigError};
 
 use crate::access::{Access, AccessError, AccessSettings};
@@ -84,6 +84,19 @@ pub struct Args {
     /// at SIGINT/SIGTERM. 0: only then.
     #[arg(long, env = "KV_INDEXER_SNAPSHOT_INTERVAL_S", default_value = "60")]
     pub snapshot_interval_s: u64,
+
+    /// How periodic snapshots are written: `fork` (a child process writes the live index,
+    /// copy-on-write: memory stays near the index's size, the writer pauses for the fork) or
+    /// `rebuild` (a thread rebuilds the state from the previous snapshot and the log: no
+    /// pause, a second index in memory while it runs). `fork` falls back to `rebuild` when
+    /// no child can be made.
+    #[arg(
+        long,
+        env = "KV_INDEXER_SNAPSHOT_METHOD",
+        value_enum,
+        default_value = "fork"
+    )]
+    pub snapshot_method: SnapshotMethod,
 
     /// When an accepted apply is durable: `always` (fdatasync before the answer), `batch`
     /// (written before the answer, fdatasync within 5 ms), `off` (no fdatasync between
@@ -252,6 +265,7 @@ impl Config {
                 sync: args.log_sync,
                 worker_ttl: seconds(args.worker_ttl_s),
                 snapshot_interval: seconds(args.snapshot_interval_s),
+                snapshot_method: args.snapshot_method,
                 discard_corrupt: args.discard_corrupt_state,
                 fleet,
             },
@@ -437,6 +451,7 @@ mod tests {
             "KV_INDEXER_STATE_DIR",
             "KV_INDEXER_SNAPSHOT_INTERVAL_S",
             "KV_INDEXER_LOG_SYNC",
+            "KV_INDEXER_SNAPSHOT_METHOD",
             "KV_INDEXER_WORKER_TTL_S",
             "KV_INDEXER_DISCARD_CORRUPT_STATE",
             "KV_INDEXER_READ_TOKEN",

@@ -1,6 +1,7 @@
 //! The local log's side of the writer: the state directory, its log made as durable as the
-//! sync policy says, and snapshots built in the background from the previous snapshot and the
-//! closed log segments (never from the live index), after which the log below them is trimmed.
+//! sync policy says, and snapshots written in the background (by a forked child from the live
+//! index, [`crate::fork`], or built from the previous snapshot and the closed log segments when
+//! no child can be made), after which the log below them is trimmed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use crate::error::StateError;
 use crate::log::{EventLog, FileLog, LogError};
 use crate::meta::Meta;
 use crate::recover::rebuild;
-use crate::settings::SyncPolicy;
+use crate::settings::{SnapshotMethod, SyncPolicy};
 use crate::snapshot;
 
 /// The longest a `batch`-synced record waits for its fdatasync.
@@ -29,18 +30,28 @@ pub struct Durable {
     syncer: Option<Syncer>,
     /// The newest snapshot's position.
     pub(crate) snapshot_position: u64,
+    pub(crate) method: SnapshotMethod,
     pub(crate) building: Option<std::thread::JoinHandle<Result<Built, StateError>>>,
 }
 
+#[derive(Debug)]
 pub(crate) struct Built {
-    position: u64,
-    bytes: u64,
-    took: Duration,
+    pub(crate) position: u64,
+    pub(crate) bytes: u64,
+    pub(crate) took: Duration,
+    /// How long the writer was held making the snapshot's child (zero: built without one).
+    pub(crate) fork: Duration,
 }
 
 impl Durable {
     /// The recovered log of `dir`, whose newest snapshot is at `snapshot_position`.
-    pub fn new(dir: StateDir, log: FileLog, snapshot_position: u64, policy: SyncPolicy) -> Durable {
+    pub fn new(
+        dir: StateDir,
+        log: FileLog,
+        snapshot_position: u64,
+        policy: SyncPolicy,
+        method: SnapshotMethod,
+    ) -> Durable {
         let syncer = (policy == SyncPolicy::Batch).then(|| Syncer::start(dir.path().to_path_buf()));
         Durable {
             dir,
@@ -48,6 +59,7 @@ impl Durable {
             policy,
             syncer,
             snapshot_position,
+            method,
             building: None,
         }
     }
@@ -154,6 +166,7 @@ impl Durable {
             position = built.position,
             bytes = built.bytes,
             took_ms = built.took.as_millis() as u64,
+            fork_us = built.fork.as_micros() as u64,
             "snapshot written"
         );
     }
@@ -217,5 +230,60 @@ pub(crate) fn write_snapshot(
         position,
         bytes,
         took: start.elapsed(),
+        fork: Duration::ZERO,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use kv_testkit::indexer::report_request;
+
+    use super::*;
+    use crate::record::{Change, Record};
+
+    /// The build used when no snapshot process can be forked: the previous snapshot (none
+    /// here) and the closed segments, to the state their replay gives; the segments it covers
+    /// are deleted.
+    #[test]
+    fn a_snapshot_built_from_the_log_holds_what_replay_gives() {
+        let dir = kv_testkit::temp_dir("kv-state-durable", "built-from-log");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut log = FileLog::open(&dir).unwrap();
+        let records: Vec<Vec<u8>> = (0..5)
+            .map(|i| {
+                let request =
+                    report_request(&format!("w-{}", i % 2), (i * 10..i * 10 + 30).collect());
+                Record {
+                    time_ms: 1_000 + i as u64,
+                    change: Change::Apply(request),
+                }
+                .encode()
+            })
+            .chain([Record {
+                time_ms: 2_000,
+                change: Change::CountHits(vec![0, 1, 2]),
+            }
+            .encode()])
+            .collect();
+        log.append(&records).unwrap();
+        log.rotate().unwrap();
+        let (index, meta, _, replayed) = rebuild(&dir, None, Some(6)).unwrap();
+        assert_eq!(replayed, 6);
+        assert!(index.stats().placements > 0);
+
+        let built = build_snapshot(&dir, 0, 6).unwrap();
+        assert_eq!((built.position, built.fork), (6, Duration::ZERO));
+        let contents = snapshot::read(&snapshot::path(&dir, 6)).unwrap();
+        assert_eq!(contents.index.export(), index.export());
+        assert_eq!(contents.meta, meta);
+        assert!(
+            crate::log::segments(&dir)
+                .unwrap()
+                .iter()
+                .all(|s| s.first >= 6)
+        );
+        // Building on a snapshot that is gone is refused, naming why.
+        let error = build_snapshot(&dir, 3, 6).unwrap_err();
+        assert!(kv_common::error_chain(&error).contains("is gone"));
+    }
 }

@@ -13,6 +13,7 @@
 //! - [`open`]: opens the state (memory, a directory, a shared log) and runs its periodic jobs;
 //! - [`fleet`]: a replica on a shared log (appender, applier, bootstrap, maintenance);
 //! - [`writer`]: a single server's writer thread (fencing, group commit, sweeps, snapshots);
+//! - [`fork`]: a snapshot of the live index written by a forked child;
 //! - [`durable`]: the local log made durable, snapshots built in the background, trimming;
 //! - [`recover`]: the state rebuilt from a directory;
 //! - [`apply`]: one record applied to the index and the workers' meta;
@@ -29,6 +30,7 @@ pub mod dir;
 pub mod durable;
 pub mod error;
 pub mod fleet;
+pub mod fork;
 pub mod log;
 pub mod meta;
 pub mod observe;

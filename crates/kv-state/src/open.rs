@@ -67,7 +67,13 @@ pub fn open(cell: &IndexCell, settings: &Settings) -> Result<Opened, StateError>
     fresh_ttl(&mut meta, now_ms());
     *cell.write() = index;
     crate::observe::index_size(stats, crate::meta::live_workers(&meta));
-    let durable = Durable::new(dir, log, snapshot_position, settings.sync);
+    let durable = Durable::new(
+        dir,
+        log,
+        snapshot_position,
+        settings.sync,
+        settings.snapshot_method,
+    );
     let writer = Writer::start(cell.clone(), Some(durable), meta, settings.worker_ttl)
         .map_err(StateError::Thread)?;
     Ok(Opened {

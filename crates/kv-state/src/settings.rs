@@ -17,6 +17,19 @@ pub enum SyncPolicy {
     Off,
 }
 
+/// How a running server writes its periodic snapshots (`KV_INDEXER_SNAPSHOT_METHOD`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum SnapshotMethod {
+    /// A forked child writes the live index (copy-on-write): memory stays near the index's
+    /// size, but the fork pauses the writer and its first write to each page after it costs
+    /// a page copy while the child runs (`crate::fork`).
+    Fork,
+    /// A thread rebuilds the state from the previous snapshot and the log: the writer never
+    /// waits, but a second index is held while it is built.
+    Rebuild,
+}
+
 /// Where the state lives and how it is kept.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -27,6 +40,7 @@ pub struct Settings {
     pub worker_ttl: Option<Duration>,
     /// Between periodic snapshots (`None`: only at shutdown).
     pub snapshot_interval: Option<Duration>,
+    pub snapshot_method: SnapshotMethod,
     /// Start empty (files moved aside) rather than refuse a corrupt state directory.
     pub discard_corrupt: bool,
     /// A shared log: this state is one replica of a fleet.
@@ -40,6 +54,7 @@ impl Default for Settings {
             sync: SyncPolicy::Batch,
             worker_ttl: Some(Duration::from_secs(30)),
             snapshot_interval: Some(Duration::from_secs(60)),
+            snapshot_method: SnapshotMethod::Fork,
             discard_corrupt: false,
             fleet: None,
         }

@@ -571,14 +571,14 @@ fn decode_worker(r: &mut Reader<'_>) -> Option<(ExportedWorker, WorkerMeta)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use kv_index::{ActionRequest, ApplyRequest};
 
     use super::*;
 
     /// Three workers, two tiers, a component-aware spec, a revoke that leaves a dead piece,
     /// hit counts, and fencing state, one worker of which holds nothing.
-    fn sample() -> (Index, Meta) {
+    pub(crate) fn sample() -> (Index, Meta) {
         let mut index = Index::new();
         let (report, revoke, hbm, dram) = (1, 2, 1, 2);
         let action = |action_type, tier, hashes: Vec<i64>, mask| ActionRequest {
@@ -637,13 +637,13 @@ mod tests {
         (index, meta)
     }
 
-    fn scratch_dir(name: &str) -> PathBuf {
+    pub(crate) fn scratch_dir(name: &str) -> PathBuf {
         let dir = kv_testkit::temp_dir("kv-state-snapshot", name);
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
 
-    fn same(a: &Contents, index: &Index, meta: &Meta, position: u64) {
+    pub(crate) fn same(a: &Contents, index: &Index, meta: &Meta, position: u64) {
         assert_eq!(a.position, position);
         assert_eq!(a.index.export(), index.export());
         assert_eq!(&a.meta, meta);

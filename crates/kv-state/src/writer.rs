@@ -30,6 +30,7 @@ use crate::error::{ChangeError, StateError};
 use crate::log::EventLog;
 use crate::meta::{ExpiryGuard, Gate, Meta, admit, due_for_expiry};
 use crate::record::{Change, Record};
+use crate::settings::SnapshotMethod;
 
 /// Jobs queued for the writer before senders wait.
 const QUEUE: usize = 4096;
@@ -405,8 +406,9 @@ impl Thread {
         }]);
     }
 
-    /// Rotates the log and builds a snapshot at the rotation point in the background, from the
-    /// previous snapshot and the closed segments: the live index is never read for it.
+    /// Rotates the log and writes a snapshot at the rotation point in the background: the live
+    /// index as a forked child sees it ([`crate::fork`]), or, when no child can be made, one
+    /// built from the previous snapshot and the closed segments.
     fn start_snapshot(&mut self) {
         let Some(durable) = &mut self.durable else {
             return;
@@ -430,7 +432,19 @@ impl Thread {
             durable.snapshot_position,
             durable.log.end(),
         );
-        let spawned = crate::snapshot::spawn_builder(move || build_snapshot(&dir, from, to));
+        // Every record up to `to` is applied: the writer commits a group before this.
+        let child = match durable.method {
+            SnapshotMethod::Fork => crate::fork::spawn(&dir, to, &self.index.read(), &self.meta)
+                .inspect_err(|error| {
+                    warn!(%error, "cannot fork the snapshot process: building it from the log")
+                })
+                .ok(),
+            SnapshotMethod::Rebuild => None,
+        };
+        let spawned = match child {
+            Some(child) => crate::snapshot::spawn_builder(move || child.wait()),
+            None => crate::snapshot::spawn_builder(move || build_snapshot(&dir, from, to)),
+        };
         match spawned {
             Ok(handle) => durable.building = Some(handle),
             Err(error) => warn!(%error, "cannot start the snapshot thread"),

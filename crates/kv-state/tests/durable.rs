@@ -13,7 +13,7 @@ use kv_index::Index;
 use kv_indexer_proto::convert;
 use kv_state::dir::DirError;
 use kv_state::error::{ChangeError, StateError};
-use kv_state::settings::{Settings, SyncPolicy};
+use kv_state::settings::{Settings, SnapshotMethod, SyncPolicy};
 use kv_testkit::indexer::{CLEAR, DRAM, HBM, REPORT, REVOKE, action, apply_request as apply};
 use proptest::prelude::*;
 
@@ -73,10 +73,17 @@ async fn a_reopened_state_answers_exactly_what_it_answered_before() {
 
 #[tokio::test]
 async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
-    for sync in [SyncPolicy::Always, SyncPolicy::Batch, SyncPolicy::Off] {
+    let cases = [
+        (SyncPolicy::Always, SnapshotMethod::Fork),
+        (SyncPolicy::Batch, SnapshotMethod::Fork),
+        (SyncPolicy::Off, SnapshotMethod::Fork),
+        (SyncPolicy::Batch, SnapshotMethod::Rebuild),
+    ];
+    for (sync, snapshot_method) in cases {
         let dir = kv_testkit::temp_dir(PREFIX, "snapshot");
         let with_sync = |dir: &Path| Settings {
             sync,
+            snapshot_method,
             ..dir_settings(dir)
         };
         let state = State::open(with_sync(&dir)).await.unwrap();
@@ -103,7 +110,11 @@ async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
             "{segments:?} below {last}"
         );
         let crashed = State::open(with_sync(&image)).await.unwrap();
-        assert_eq!(crashed.answers(&QUERY), before, "sync {sync:?}");
+        assert_eq!(
+            crashed.answers(&QUERY),
+            before,
+            "sync {sync:?}, {snapshot_method:?}"
+        );
         crashed.stop().await;
     }
 }

@@ -1,0 +1,215 @@
+//! A snapshot of the live index written by a child process (`fork`), as Redis's `BGSAVE` does:
+//! the child sees the index as it was at the fork, copy-on-write, and writes it out while the
+//! writer goes on. Only the pages the writer changes meanwhile are copied, so memory stays
+//! near the index's own size, where building the snapshot again from the previous one and the
+//! log held a second index (2.0x at 100 M placements, `bench/durable/README.md`), and the
+//! child writes without replaying the log.
+//!
+//! The child of a multi-threaded process may only rely on what the fork copied consistently:
+//! it reads the index (the writer thread forks it between two changes, so no change is half
+//! done), allocates (glibc's allocator is made safe across `fork`), makes plain file syscalls
+//! and ends with `_exit`. It logs nothing (a tracing or stderr lock may have been held by
+//! another thread at the fork); its error, if any, goes to the parent through a pipe.
+
+#![allow(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kv_index::Index;
+
+use crate::durable::{Built, prune};
+use crate::error::StateError;
+use crate::log::LogError;
+use crate::meta::Meta;
+use crate::snapshot;
+
+/// A snapshot being written by a child process.
+pub(crate) struct Child {
+    pid: libc::pid_t,
+    /// The read end of the pipe the child writes its error to (closed at its exit).
+    errors: std::io::PipeReader,
+    dir: PathBuf,
+    position: u64,
+    start: Instant,
+    /// How long the fork held the writer.
+    fork: Duration,
+}
+
+/// Forks a child that writes the snapshot of `index` and `meta` at `position` into `dir`.
+/// Call it on the thread that changes the index, between two changes. `Err` when no child
+/// could be made (the caller builds the snapshot another way).
+pub(crate) fn spawn(
+    dir: &Path,
+    position: u64,
+    index: &Index,
+    meta: &Meta,
+) -> std::io::Result<Child> {
+    let start = Instant::now();
+    let (errors, mut report) = std::io::pipe()?;
+    // SAFETY: `getpid` has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the child runs only `child_main`, which keeps to what is safe after a fork in a
+    // multi-threaded process (the module's documentation) and never returns.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => child_main(parent, dir, position, index, meta, &mut report),
+        pid => Ok(Child {
+            pid,
+            errors,
+            dir: dir.to_path_buf(),
+            position,
+            start,
+            fork: start.elapsed(),
+        }),
+    }
+}
+
+impl Child {
+    /// Waits for the child, then deletes what its snapshot covers (as the log-built snapshot
+    /// does, off the writer thread).
+    pub(crate) fn wait(mut self) -> Result<Built, StateError> {
+        let mut why = String::new();
+        // Returns at the child's exit, when the write end closes.
+        let _ = self.errors.read_to_string(&mut why);
+        let mut status = 0;
+        loop {
+            // SAFETY: waits for our own child; `status` is a valid out pointer.
+            let waited = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            if waited == self.pid {
+                break;
+            }
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                return Err(self.failed(format!("waiting for the snapshot process: {error}")));
+            }
+        }
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            if why.is_empty() {
+                why = match libc::WIFSIGNALED(status) {
+                    true => format!("killed by signal {}", libc::WTERMSIG(status)),
+                    false => format!("exit status {}", libc::WEXITSTATUS(status)),
+                };
+            }
+            return Err(self.failed(format!("the snapshot process failed: {why}")));
+        }
+        let target = snapshot::path(&self.dir, self.position);
+        let bytes = std::fs::metadata(&target)
+            .map_err(crate::log::io("reading the size of", &target))?
+            .len();
+        prune(&self.dir, self.position);
+        Ok(Built {
+            position: self.position,
+            bytes,
+            took: self.start.elapsed(),
+            fork: self.fork,
+        })
+    }
+
+    fn failed(&self, what: String) -> StateError {
+        StateError::Log(LogError::Corrupt {
+            path: snapshot::path(&self.dir, self.position),
+            offset: 0,
+            what,
+        })
+    }
+}
+
+/// The child: dies with the parent, closes what it inherited but its pipe, takes signals by
+/// default, runs at the idle scheduling class, writes the snapshot and exits (0: written; 1: an error, sent through `report`).
+fn child_main(
+    parent: libc::pid_t,
+    dir: &Path,
+    position: u64,
+    index: &Index,
+    meta: &Meta,
+    report: &mut std::io::PipeWriter,
+) -> ! {
+    use std::os::fd::AsRawFd;
+    let keep = report.as_raw_fd() as libc::c_uint;
+    // SAFETY: plain syscalls with no pointers but `param`, which outlives the call; the
+    // descriptors closed are the child's copies (the server's listeners and its directory
+    // lock stay the parent's alone), and nothing in the child uses them.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            libc::_exit(3);
+        }
+        libc::close_range(3, keep - 1, 0);
+        libc::close_range(keep + 1, libc::c_uint::MAX, 0);
+        // The parent's handlers write to its signal pipes; a Ctrl-C or SIGTERM ends the child.
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::signal(signal, libc::SIG_DFL);
+        }
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+    }
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        snapshot::write(dir, position, index, meta)
+    }));
+    let code = match written {
+        Ok(Ok(_)) => 0,
+        Ok(Err(error)) => {
+            let _ = report.write_all(kv_common::error_chain(&error).as_bytes());
+            1
+        }
+        Err(_) => {
+            let _ = report.write_all(b"panicked while writing");
+            2
+        }
+    };
+    // SAFETY: ends the child at once, running no destructor and no exit handler of the parent.
+    unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use kv_index::{ActionRequest, ApplyRequest};
+
+    use super::*;
+    use crate::snapshot::tests::{same, sample, scratch_dir};
+
+    #[test]
+    fn the_child_writes_the_index_as_it_was_at_the_fork() {
+        let (mut index, meta) = sample();
+        let before = Index::import(&index.export());
+        let dir = scratch_dir("forked");
+        let child = spawn(&dir, 9, &index, &meta).unwrap();
+        // The parent goes on changing its index; the child's copy does not see it.
+        let request = ApplyRequest {
+            worker_id: "w-new".into(),
+            seq: 0,
+            worker_address: "http://w-new".into(),
+            cache_spec: None,
+            actions: vec![ActionRequest {
+                action_type: 1,
+                tier: 1,
+                component_masks: vec![0; 8],
+                block_sizes: vec![16; 8],
+                hashes: (500..508).collect(),
+                parent_block_hash: None,
+            }],
+        };
+        index.apply(&request.validate().unwrap());
+        let built = child.wait().unwrap();
+        let file = snapshot::path(&dir, 9);
+        assert_eq!(built.position, 9);
+        assert_eq!(built.bytes, std::fs::metadata(&file).unwrap().len());
+        same(&snapshot::read(&file).unwrap(), &before, &meta, 9);
+        assert_ne!(before.export(), index.export());
+    }
+
+    #[test]
+    fn a_child_that_cannot_write_says_why() {
+        let (index, meta) = sample();
+        let dir = scratch_dir("forked-nowhere").join("missing");
+        let error = spawn(&dir, 3, &index, &meta).unwrap().wait().unwrap_err();
+        let text = kv_common::error_chain(&error);
+        assert!(text.contains("the snapshot process failed"), "{text}");
+        assert!(
+            text.contains("creating") && text.contains("No such file"),
+            "{text}"
+        );
+    }
+}
