@@ -86,7 +86,7 @@ pub struct Args {
     pub snapshot_interval_s: u64,
 
     /// How periodic snapshots are written: `fork` (a child process writes the live index,
-    /// copy-on-write: memory stays near the index's size, the writer pauses for the fork) or
+    /// copy-on-write: memory stays near the index's size, the process pauses for the fork) or
     /// `rebuild` (a thread rebuilds the state from the previous snapshot and the log: no
     /// pause, a second index in memory while it runs). `fork` falls back to `rebuild` when
     /// no child can be made.

@@ -32,6 +32,8 @@ pub struct Durable {
     pub(crate) snapshot_position: u64,
     pub(crate) method: SnapshotMethod,
     pub(crate) building: Option<std::thread::JoinHandle<Result<Built, StateError>>>,
+    /// The child writing the snapshot being built, if a child writes it.
+    pub(crate) child: Option<crate::fork::Stopper>,
 }
 
 #[derive(Debug)]
@@ -41,6 +43,17 @@ pub(crate) struct Built {
     pub(crate) took: Duration,
     /// How long the writer was held making the snapshot's child (zero: built without one).
     pub(crate) fork: Duration,
+}
+
+impl From<crate::fork::Written> for Built {
+    fn from(written: crate::fork::Written) -> Built {
+        Built {
+            position: written.position,
+            bytes: written.bytes,
+            took: written.took,
+            fork: written.fork,
+        }
+    }
 }
 
 impl Durable {
@@ -61,6 +74,7 @@ impl Durable {
             snapshot_position,
             method,
             building: None,
+            child: None,
         }
     }
 
@@ -146,11 +160,28 @@ impl Durable {
         Ok(())
     }
 
+    /// At shutdown: stops a snapshot's child (the final snapshot supersedes it) and takes the
+    /// result of whatever was being built.
+    pub(crate) fn stop_building(&mut self) {
+        let Some(building) = self.building.take() else {
+            return;
+        };
+        let Some(child) = self.child.take() else {
+            return self.note_built(building);
+        };
+        child.stop();
+        match building.join() {
+            Ok(Ok(built)) => self.retire(&built),
+            _ => info!("the snapshot in progress was stopped for the final one"),
+        }
+    }
+
     /// Takes a finished snapshot build's result.
     pub(crate) fn note_built(
         &mut self,
         building: std::thread::JoinHandle<Result<Built, StateError>>,
     ) {
+        self.child = None;
         match building.join() {
             Ok(Ok(built)) => self.retire(&built),
             Ok(Err(error)) => crate::observe::snapshot_failed(Some(&error)),

@@ -1,9 +1,10 @@
 //! A snapshot of the live index written by a child process (`fork`), as Redis's `BGSAVE` does:
-//! the child sees the index as it was at the fork, copy-on-write, and writes it out while the
-//! writer goes on. Only the pages the writer changes meanwhile are copied, so memory stays
-//! near the index's own size, where building the snapshot again from the previous one and the
-//! log held a second index (2.0x at 100 M placements, `bench/durable/README.md`), and the
-//! child writes without replaying the log.
+//! the child sees the index as it was at the fork, copy-on-write, and writes it into the page
+//! cache while the writer goes on; once it has exited, a thread of the server writes the file
+//! back, syncs and renames it. Only the pages the writer changes while the child lives are
+//! copied, so memory stays near the index's own size, where building the snapshot again from
+//! the previous one and the log held a second index (2.0x at 100 M placements,
+//! `bench/durable/README.md`), and the child replays nothing.
 //!
 //! The child of a multi-threaded process may only rely on what the fork copied consistently:
 //! it reads the index (the writer thread forks it between two changes, so no change is half
@@ -15,15 +16,27 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use kv_index::Index;
 
-use crate::durable::{Built, prune};
 use crate::error::StateError;
 use crate::log::LogError;
 use crate::meta::Meta;
 use crate::snapshot;
+
+/// A snapshot a child wrote, made durable and visible.
+#[derive(Debug)]
+pub(crate) struct Written {
+    pub(crate) position: u64,
+    pub(crate) bytes: u64,
+    pub(crate) took: Duration,
+    /// How long the fork paused the process.
+    pub(crate) fork: Duration,
+}
 
 /// A snapshot being written by a child process.
 pub(crate) struct Child {
@@ -35,6 +48,27 @@ pub(crate) struct Child {
     start: Instant,
     /// How long the fork held the writer.
     fork: Duration,
+    /// Set once the child has exited and is about to be reaped: its pid may then be reused,
+    /// so it is no longer signalled.
+    reaped: Arc<Mutex<bool>>,
+}
+
+/// Stops a snapshot's child (at shutdown, where the final snapshot supersedes it).
+pub(crate) struct Stopper {
+    pid: libc::pid_t,
+    reaped: Arc<Mutex<bool>>,
+}
+
+impl Stopper {
+    /// Kills the child unless it has already exited; its waiter then reports it stopped.
+    pub(crate) fn stop(&self) {
+        let reaped = self.reaped.lock();
+        if !*reaped {
+            // SAFETY: a signal to our own child, which is not reaped yet (a zombie at worst),
+            // so its pid cannot belong to another process.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
 }
 
 /// Forks a child that writes the snapshot of `index` and `meta` at `position` into `dir`.
@@ -62,17 +96,25 @@ pub(crate) fn spawn(
             position,
             start,
             fork: start.elapsed(),
+            reaped: Arc::new(Mutex::new(false)),
         }),
     }
 }
 
 impl Child {
-    /// Waits for the child, then deletes what its snapshot covers (as the log-built snapshot
-    /// does, off the writer thread).
-    pub(crate) fn wait(mut self) -> Result<Built, StateError> {
+    pub(crate) fn stopper(&self) -> Stopper {
+        Stopper {
+            pid: self.pid,
+            reaped: self.reaped.clone(),
+        }
+    }
+
+    /// Waits for the child, then makes its file durable and visible.
+    pub(crate) fn wait(mut self) -> Result<Written, StateError> {
         let mut why = String::new();
         // Returns at the child's exit, when the write end closes.
         let _ = self.errors.read_to_string(&mut why);
+        *self.reaped.lock() = true;
         let mut status = 0;
         loop {
             // SAFETY: waits for our own child; `status` is a valid out pointer.
@@ -92,14 +134,17 @@ impl Child {
                     false => format!("exit status {}", libc::WEXITSTATUS(status)),
                 };
             }
+            let _ = std::fs::remove_file(
+                snapshot::path(&self.dir, self.position).with_extension("snap.tmp"),
+            );
             return Err(self.failed(format!("the snapshot process failed: {why}")));
         }
+        snapshot::publish(&self.dir, self.position, false)?;
         let target = snapshot::path(&self.dir, self.position);
         let bytes = std::fs::metadata(&target)
             .map_err(crate::log::io("reading the size of", &target))?
             .len();
-        prune(&self.dir, self.position);
-        Ok(Built {
+        Ok(Written {
             position: self.position,
             bytes,
             took: self.start.elapsed(),
@@ -136,7 +181,9 @@ fn child_main(
         if libc::getppid() != parent {
             libc::_exit(3);
         }
-        libc::close_range(3, keep - 1, 0);
+        if keep > 3 {
+            libc::close_range(3, keep - 1, 0);
+        }
         libc::close_range(keep + 1, libc::c_uint::MAX, 0);
         // The parent's handlers write to its signal pipes; a Ctrl-C or SIGTERM ends the child.
         for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
@@ -145,8 +192,11 @@ fn child_main(
         let param = libc::sched_param { sched_priority: 0 };
         libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
     }
+    // Only into the page cache: the parent's thread writes it back and syncs it once the
+    // child is gone, so the child (and the copies of pages it keeps shared) lives no longer
+    // than the serialization.
     let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        snapshot::write(dir, position, index, meta)
+        snapshot::write_tmp(dir, position, index, meta, false)
     }));
     let code = match written {
         Ok(Ok(_)) => 0,

@@ -22,8 +22,8 @@ pub enum SyncPolicy {
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum SnapshotMethod {
     /// A forked child writes the live index (copy-on-write): memory stays near the index's
-    /// size, but the fork pauses the writer and its first write to each page after it costs
-    /// a page copy while the child runs (`crate::fork`).
+    /// size, but the fork pauses the process, and while the child runs the writer's first
+    /// write to each page costs a fault and a page copy (`crate::fork`).
     Fork,
     /// A thread rebuilds the state from the previous snapshot and the log: the writer never
     /// waits, but a second index is held while it is built.

@@ -80,23 +80,58 @@ pub fn spawn_builder<T: Send + 'static>(
 /// Writes the snapshot of `index` and `meta` at `position` into `dir`, streamed (tmp, sync,
 /// rename, sync the directory); returns its size in bytes.
 pub fn write(dir: &Path, position: u64, index: &Index, meta: &Meta) -> Result<u64, LogError> {
-    let target = path(dir, position);
-    let tmp = target.with_extension("snap.tmp");
+    let written = write_tmp(dir, position, index, meta, true)?;
+    publish(dir, position, true)?;
+    Ok(written)
+}
+
+/// Writes the snapshot's temporary file, whole but not synced; with `trickle` its pages go
+/// to disk as it is written ([`Trickle`]), else they are left to [`publish`]. Returns its size.
+pub(crate) fn write_tmp(
+    dir: &Path,
+    position: u64,
+    index: &Index,
+    meta: &Meta,
+    trickle: bool,
+) -> Result<u64, LogError> {
+    let tmp = tmp_path(dir, position);
     let file = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
-    let mut out = BufWriter::with_capacity(IO_BUFFER, Trickle::new(file));
-    let written = (|| {
+    let mut out = BufWriter::with_capacity(IO_BUFFER, Trickle::new(file, trickle));
+    (|| {
         out.write_all(&header(position, 0, 0))?;
         let (len, crc) = write_payload(&mut out, position, index, meta)?;
         let mut file = out.into_inner().map_err(|error| error.into_error())?.file;
         file.seek(SeekFrom::Start(0))?;
         file.write_all(&header(position, len, crc))?;
-        file.sync_all()?;
         Ok(HEADER_LEN as u64 + len)
     })()
-    .map_err(io("writing", &tmp))?;
+    .map_err(io("writing", &tmp))
+}
+
+/// Makes the temporary file [`write_tmp`] wrote the snapshot at `position`: its pages written
+/// back [`TRICKLE`] bytes at a time unless already `written_back`, synced, renamed, and the
+/// directory synced.
+pub(crate) fn publish(dir: &Path, position: u64, written_back: bool) -> Result<(), LogError> {
+    let (tmp, target) = (tmp_path(dir, position), path(dir, position));
+    (|| {
+        let file = std::fs::OpenOptions::new().write(true).open(&tmp)?;
+        if !written_back {
+            let len = file.metadata()?.len();
+            let mut trickle = Trickle::new(file.try_clone()?, true);
+            while trickle.flushed < len {
+                trickle.written = (trickle.flushed + TRICKLE).min(len);
+                trickle.write_back()?;
+            }
+        }
+        file.sync_all()
+    })()
+    .map_err(io("syncing", &tmp))?;
     std::fs::rename(&tmp, &target).map_err(io("renaming", &tmp))?;
-    sync_dir(dir)?;
-    Ok(written)
+    sync_dir(dir)
+}
+
+fn tmp_path(dir: &Path, position: u64) -> PathBuf {
+    path(dir, position).with_extension("snap.tmp")
 }
 
 /// The whole snapshot file of `index` and `meta` at `position`, in memory (a fleet publishes
@@ -133,14 +168,17 @@ struct Trickle {
     file: std::fs::File,
     written: u64,
     flushed: u64,
+    on: bool,
 }
 
 impl Trickle {
-    fn new(file: std::fs::File) -> Trickle {
+    /// A file whose pages are written back as it is written when `on`, else left dirty.
+    fn new(file: std::fs::File, on: bool) -> Trickle {
         Trickle {
             file,
             written: 0,
             flushed: 0,
+            on,
         }
     }
 
@@ -165,7 +203,7 @@ impl Write for Trickle {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.file.write(buf)?;
         self.written += n as u64;
-        if self.written - self.flushed >= TRICKLE {
+        if self.on && self.written - self.flushed >= TRICKLE {
             self.write_back()?;
         }
         Ok(n)

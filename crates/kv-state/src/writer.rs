@@ -25,7 +25,7 @@ use tracing::{error, warn};
 use crate::apply::{Applied, apply_admitted, apply_record};
 use crate::cell::{AbortOnPanic, IndexCell};
 use crate::clock::now_ms;
-use crate::durable::{Durable, build_snapshot, write_snapshot};
+use crate::durable::{Built, Durable, build_snapshot, prune, write_snapshot};
 use crate::error::{ChangeError, StateError};
 use crate::log::EventLog;
 use crate::meta::{ExpiryGuard, Gate, Meta, admit, due_for_expiry};
@@ -441,13 +441,23 @@ impl Thread {
                 .ok(),
             SnapshotMethod::Rebuild => None,
         };
+        let stopper = child.as_ref().map(crate::fork::Child::stopper);
         let spawned = match child {
-            Some(child) => crate::snapshot::spawn_builder(move || child.wait()),
+            // The snapshot thread, not the writer, deletes what the snapshot covers.
+            Some(child) => crate::snapshot::spawn_builder(move || {
+                let built = Built::from(child.wait()?);
+                prune(&dir, to);
+                Ok(built)
+            }),
             None => crate::snapshot::spawn_builder(move || build_snapshot(&dir, from, to)),
         };
         match spawned {
-            Ok(handle) => durable.building = Some(handle),
-            Err(error) => warn!(%error, "cannot start the snapshot thread"),
+            Ok(handle) => (durable.building, durable.child) = (Some(handle), stopper),
+            Err(error) => {
+                // A child with no waiter: stopped, and reaped by nobody until exit (rare).
+                stopper.inspect(crate::fork::Stopper::stop);
+                warn!(%error, "cannot start the snapshot thread");
+            }
         }
     }
 
@@ -457,6 +467,7 @@ impl Thread {
             return Ok(0);
         };
         if let Some(building) = durable.building.take() {
+            durable.child = None;
             let built = building.join().map_err(|_| {
                 StateError::Thread(std::io::Error::other("the snapshot thread panicked"))
             })??;
@@ -465,15 +476,13 @@ impl Thread {
         Ok(durable.snapshot_position)
     }
 
-    /// At shutdown: waits for a snapshot in progress, then snapshots the live state (nothing
-    /// changes it any more) and trims the log below it.
+    /// At shutdown: stops or waits for a snapshot in progress, then snapshots the live state
+    /// (nothing changes it any more) and trims the log below it.
     fn finish(&mut self) -> Result<(), StateError> {
         let Some(durable) = &mut self.durable else {
             return Ok(());
         };
-        if let Some(building) = durable.building.take() {
-            durable.note_built(building);
-        }
+        durable.stop_building();
         durable.log.sync()?;
         let position = durable.log.end();
         if position == durable.snapshot_position {
