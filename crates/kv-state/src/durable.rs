@@ -17,7 +17,7 @@ use crate::log::{EventLog, FileLog, LogError};
 use crate::meta::Meta;
 use crate::recover::rebuild;
 use crate::settings::{SnapshotMethod, SyncPolicy};
-use crate::snapshot;
+use crate::snapshot::{self, Built};
 
 /// The longest a `batch`-synced record waits for its fdatasync.
 pub const BATCH_SYNC_BOUND: Duration = Duration::from_millis(5);
@@ -31,29 +31,14 @@ pub struct Durable {
     /// The newest snapshot's position.
     pub(crate) snapshot_position: u64,
     pub(crate) method: SnapshotMethod,
-    pub(crate) building: Option<std::thread::JoinHandle<Result<Built, StateError>>>,
-    /// The child writing the snapshot being built, if a child writes it.
+    pub(crate) building: Option<Building>,
+}
+
+/// A snapshot being built: the thread that builds it or waits for its child, and the child.
+pub(crate) struct Building {
+    pub(crate) thread: std::thread::JoinHandle<Result<Built, StateError>>,
+    /// The child writing it, when a child writes it.
     pub(crate) child: Option<crate::fork::Stopper>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Built {
-    pub(crate) position: u64,
-    pub(crate) bytes: u64,
-    pub(crate) took: Duration,
-    /// How long the writer was held making the snapshot's child (zero: built without one).
-    pub(crate) fork: Duration,
-}
-
-impl From<crate::fork::Written> for Built {
-    fn from(written: crate::fork::Written) -> Built {
-        Built {
-            position: written.position,
-            bytes: written.bytes,
-            took: written.took,
-            fork: written.fork,
-        }
-    }
 }
 
 impl Durable {
@@ -74,7 +59,6 @@ impl Durable {
             snapshot_position,
             method,
             building: None,
-            child: None,
         }
     }
 
@@ -166,23 +150,19 @@ impl Durable {
         let Some(building) = self.building.take() else {
             return;
         };
-        let Some(child) = self.child.take() else {
+        let Some(child) = &building.child else {
             return self.note_built(building);
         };
         child.stop();
-        match building.join() {
+        match building.thread.join() {
             Ok(Ok(built)) => self.retire(&built),
             _ => info!("the snapshot in progress was stopped for the final one"),
         }
     }
 
     /// Takes a finished snapshot build's result.
-    pub(crate) fn note_built(
-        &mut self,
-        building: std::thread::JoinHandle<Result<Built, StateError>>,
-    ) {
-        self.child = None;
-        match building.join() {
+    pub(crate) fn note_built(&mut self, building: Building) {
+        match building.thread.join() {
             Ok(Ok(built)) => self.retire(&built),
             Ok(Err(error)) => crate::observe::snapshot_failed(Some(&error)),
             Err(_) => crate::observe::snapshot_failed(None),

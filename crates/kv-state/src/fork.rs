@@ -26,17 +26,7 @@ use kv_index::Index;
 use crate::error::StateError;
 use crate::log::LogError;
 use crate::meta::Meta;
-use crate::snapshot;
-
-/// A snapshot a child wrote, made durable and visible.
-#[derive(Debug)]
-pub(crate) struct Written {
-    pub(crate) position: u64,
-    pub(crate) bytes: u64,
-    pub(crate) took: Duration,
-    /// How long the fork paused the process.
-    pub(crate) fork: Duration,
-}
+use crate::snapshot::{self, Built};
 
 /// A snapshot being written by a child process.
 pub(crate) struct Child {
@@ -110,7 +100,7 @@ impl Child {
     }
 
     /// Waits for the child, then makes its file durable and visible.
-    pub(crate) fn wait(mut self) -> Result<Written, StateError> {
+    pub(crate) fn wait(mut self) -> Result<Built, StateError> {
         let mut why = String::new();
         // Returns at the child's exit, when the write end closes.
         let _ = self.errors.read_to_string(&mut why);
@@ -134,9 +124,7 @@ impl Child {
                     false => format!("exit status {}", libc::WEXITSTATUS(status)),
                 };
             }
-            let _ = std::fs::remove_file(
-                snapshot::path(&self.dir, self.position).with_extension("snap.tmp"),
-            );
+            let _ = std::fs::remove_file(snapshot::tmp_path(&self.dir, self.position));
             return Err(self.failed(format!("the snapshot process failed: {why}")));
         }
         snapshot::publish(&self.dir, self.position, false)?;
@@ -144,7 +132,7 @@ impl Child {
         let bytes = std::fs::metadata(&target)
             .map_err(crate::log::io("reading the size of", &target))?
             .len();
-        Ok(Written {
+        Ok(Built {
             position: self.position,
             bytes,
             took: self.start.elapsed(),

@@ -18,6 +18,7 @@
 
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kv_index::{CacheSpec, Export, ExportedWorker, Held, ImageError, ImageInput, Index};
 
@@ -77,6 +78,16 @@ pub fn spawn_builder<T: Send + 'static>(
         })
 }
 
+/// A snapshot written in the background, as its builder reports it.
+#[derive(Debug)]
+pub(crate) struct Built {
+    pub(crate) position: u64,
+    pub(crate) bytes: u64,
+    pub(crate) took: Duration,
+    /// How long the fork paused the process (zero: built without a child).
+    pub(crate) fork: Duration,
+}
+
 /// Writes the snapshot of `index` and `meta` at `position` into `dir`, streamed (tmp, sync,
 /// rename, sync the directory); returns its size in bytes.
 pub fn write(dir: &Path, position: u64, index: &Index, meta: &Meta) -> Result<u64, LogError> {
@@ -116,12 +127,7 @@ pub(crate) fn publish(dir: &Path, position: u64, written_back: bool) -> Result<(
     (|| {
         let file = std::fs::OpenOptions::new().write(true).open(&tmp)?;
         if !written_back {
-            let len = file.metadata()?.len();
-            let mut trickle = Trickle::new(file.try_clone()?, true);
-            while trickle.flushed < len {
-                trickle.written = (trickle.flushed + TRICKLE).min(len);
-                trickle.write_back()?;
-            }
+            Trickle::new(file.try_clone()?, true).write_back_all(file.metadata()?.len())?;
         }
         file.sync_all()
     })()
@@ -130,7 +136,8 @@ pub(crate) fn publish(dir: &Path, position: u64, written_back: bool) -> Result<(
     sync_dir(dir)
 }
 
-fn tmp_path(dir: &Path, position: u64) -> PathBuf {
+/// Where the snapshot at `position` is written before it is renamed into place.
+pub(crate) fn tmp_path(dir: &Path, position: u64) -> PathBuf {
     path(dir, position).with_extension("snap.tmp")
 }
 
@@ -195,6 +202,17 @@ impl Trickle {
             return Err(std::io::Error::last_os_error());
         }
         self.flushed = self.written;
+        Ok(())
+    }
+}
+
+impl Trickle {
+    /// Writes back the first `len` bytes of a file written without waits, [`TRICKLE`] at a time.
+    fn write_back_all(&mut self, len: u64) -> std::io::Result<()> {
+        while self.flushed < len {
+            self.written = (self.flushed + TRICKLE).min(len);
+            self.write_back()?;
+        }
         Ok(())
     }
 }

@@ -25,7 +25,7 @@ use tracing::{error, warn};
 use crate::apply::{Applied, apply_admitted, apply_record};
 use crate::cell::{AbortOnPanic, IndexCell};
 use crate::clock::now_ms;
-use crate::durable::{Built, Durable, build_snapshot, prune, write_snapshot};
+use crate::durable::{Building, Durable, build_snapshot, prune, write_snapshot};
 use crate::error::{ChangeError, StateError};
 use crate::log::EventLog;
 use crate::meta::{ExpiryGuard, Gate, Meta, admit, due_for_expiry};
@@ -414,7 +414,7 @@ impl Thread {
             return;
         };
         if let Some(building) = durable.building.take() {
-            if !building.is_finished() {
+            if !building.thread.is_finished() {
                 durable.building = Some(building);
                 return;
             }
@@ -445,14 +445,19 @@ impl Thread {
         let spawned = match child {
             // The snapshot thread, not the writer, deletes what the snapshot covers.
             Some(child) => crate::snapshot::spawn_builder(move || {
-                let built = Built::from(child.wait()?);
+                let built = child.wait()?;
                 prune(&dir, to);
                 Ok(built)
             }),
             None => crate::snapshot::spawn_builder(move || build_snapshot(&dir, from, to)),
         };
         match spawned {
-            Ok(handle) => (durable.building, durable.child) = (Some(handle), stopper),
+            Ok(thread) => {
+                durable.building = Some(Building {
+                    thread,
+                    child: stopper,
+                })
+            }
             Err(error) => {
                 // A child with no waiter: stopped, and reaped by nobody until exit (rare).
                 stopper.inspect(crate::fork::Stopper::stop);
@@ -467,8 +472,7 @@ impl Thread {
             return Ok(0);
         };
         if let Some(building) = durable.building.take() {
-            durable.child = None;
-            let built = building.join().map_err(|_| {
+            let built = building.thread.join().map_err(|_| {
                 StateError::Thread(std::io::Error::other("the snapshot thread panicked"))
             })??;
             durable.retire(&built);
