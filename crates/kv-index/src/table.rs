@@ -150,6 +150,41 @@ impl BlockTable {
     }
 
     /// Doubles the table (or makes the first one).
+    /// A table of `entries` (each hash once, `len` of them) with as few buckets as a grown
+    /// table could have for them: at most 4/5 full, room for one more.
+    pub(crate) fn with_entries(
+        len: usize,
+        entries: impl Iterator<Item = (i64, Loc)>,
+    ) -> BlockTable {
+        if len == 0 {
+            return BlockTable::default();
+        }
+        let mut buckets = MIN_BUCKETS;
+        while (len + 1) * 5 > buckets * LANES * 4 {
+            buckets *= 2;
+        }
+        let mut table = BlockTable {
+            buckets: vec![Bucket::default(); buckets],
+            len: 0,
+            shift: 64 - buckets.trailing_zeros(),
+        };
+        for (hash, loc) in entries {
+            assert!(!table.is_full(), "more entries than the {len} counted");
+            match table.probe(hash) {
+                Probe::Vacant(slot) => table.fill(slot, hash, loc),
+                Probe::Found(..) => unreachable!("a hash is held once"),
+            }
+        }
+        table
+    }
+
+    /// Where the buckets are in memory (addresses), for a process that forks: see
+    /// [`crate::Index::table_memory`].
+    pub(crate) fn memory(&self) -> std::ops::Range<usize> {
+        let start = self.buckets.as_ptr() as usize;
+        start..start + std::mem::size_of_val(self.buckets.as_slice())
+    }
+
     pub(crate) fn grow(&mut self) {
         let buckets = (self.buckets.len() * 2).max(MIN_BUCKETS);
         self.rebuild(buckets, |_, _| true);

@@ -85,11 +85,13 @@ pub struct Args {
     #[arg(long, env = "KV_INDEXER_SNAPSHOT_INTERVAL_S", default_value = "60")]
     pub snapshot_interval_s: u64,
 
-    /// How periodic snapshots are written: `fork` (a child process writes the live index,
-    /// copy-on-write: memory stays near the index's size, the process pauses for the fork) or
-    /// `rebuild` (a thread rebuilds the state from the previous snapshot and the log: no
-    /// pause, a second index in memory while it runs). `fork` falls back to `rebuild` when
-    /// no child can be made.
+    /// How periodic snapshots are written: `fork` (a child process writes the live index
+    /// copy-on-write and builds its own block table: no stall after the fork, about 1.8x the
+    /// index's memory at the peak), `fork-shared` (the table shared too: memory near the
+    /// index's size, applies stall on copy-on-write faults after each fork) or `rebuild` (a
+    /// thread rebuilds the state from the previous snapshot and the log: no pause, a second
+    /// index in memory while it runs). Either fork falls back to `rebuild` when no child can
+    /// be made.
     #[arg(
         long,
         env = "KV_INDEXER_SNAPSHOT_METHOD",

@@ -1,10 +1,16 @@
 //! A snapshot of the live index written by a child process (`fork`), as Redis's `BGSAVE` does:
 //! the child sees the index as it was at the fork, copy-on-write, and writes it into the page
 //! cache while the writer goes on; once it has exited, a thread of the server writes the file
-//! back, syncs and renames it. Only the pages the writer changes while the child lives are
-//! copied, so memory stays near the index's own size, where building the snapshot again from
-//! the previous one and the log held a second index (2.0x at 100 M placements,
-//! `bench/durable/README.md`), and the child replays nothing.
+//! back, syncs and renames it. The child replays nothing, and holds no second index, where
+//! building the snapshot again from the previous one and the log did (2.0x at 100 M
+//! placements, `bench/durable/README.md`).
+//!
+//! The block table's pages are not given to the child (`MADV_DONTFORK` for the fork):
+//! applies write to the table at random, so had it been shared copy-on-write the applies
+//! after a fork would fault on nearly every page of it, one copy each (apply p99 6-10x with a
+//! snapshot every second). The child writes a table built afresh from the live blocks
+//! ([`Index::write_image_with_fresh_table`]), never touching the missing pages; that costs it
+//! a table's worth of memory while it runs. The rest of the index is shared copy-on-write.
 //!
 //! The child of a multi-threaded process may only rely on what the fork copied consistently:
 //! it reads the index (the writer thread forks it between two changes, so no change is half
@@ -26,7 +32,7 @@ use kv_index::Index;
 use crate::error::StateError;
 use crate::log::LogError;
 use crate::meta::Meta;
-use crate::snapshot::{self, Built};
+use crate::snapshot::{self, Built, TableImage};
 
 /// A snapshot being written by a child process.
 pub(crate) struct Child {
@@ -61,6 +67,15 @@ impl Stopper {
     }
 }
 
+/// Whether the child is given the index's block table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Table {
+    /// Not given (`MADV_DONTFORK`): the child writes a table built from the live blocks.
+    Withheld,
+    /// Shared copy-on-write with the rest; the child writes it as it is.
+    Shared,
+}
+
 /// Forks a child that writes the snapshot of `index` and `meta` at `position` into `dir`.
 /// Call it on the thread that changes the index, between two changes. `Err` when no child
 /// could be made (the caller builds the snapshot another way).
@@ -69,16 +84,31 @@ pub(crate) fn spawn(
     position: u64,
     index: &Index,
     meta: &Meta,
+    table: Table,
 ) -> std::io::Result<Child> {
     let start = Instant::now();
     let (errors, mut report) = std::io::pipe()?;
     // SAFETY: `getpid` has no preconditions.
     let parent = unsafe { libc::getpid() };
+    let withheld = match table {
+        Table::Withheld => whole_pages(index.table_memory()),
+        Table::Shared => 0..0,
+    };
+    set_fork_advice(&withheld, libc::MADV_DONTFORK);
     // SAFETY: the child runs only `child_main`, which keeps to what is safe after a fork in a
-    // multi-threaded process (the module's documentation) and never returns.
-    match unsafe { libc::fork() } {
+    // multi-threaded process (the module's documentation) and never returns; when the table
+    // is withheld it never reads it (it writes a fresh one).
+    let forked = unsafe { libc::fork() };
+    if forked != 0 {
+        set_fork_advice(&withheld, libc::MADV_DOFORK);
+    }
+    let image = match table {
+        Table::Withheld => TableImage::Fresh,
+        Table::Shared => TableImage::Own,
+    };
+    match forked {
         -1 => Err(std::io::Error::last_os_error()),
-        0 => child_main(parent, dir, position, index, meta, &mut report),
+        0 => child_main(parent, dir, position, index, meta, image, &mut report),
         pid => Ok(Child {
             pid,
             errors,
@@ -89,6 +119,28 @@ pub(crate) fn spawn(
             reaped: Arc::new(Mutex::new(false)),
         }),
     }
+}
+
+/// The whole memory pages within `range`.
+fn whole_pages(range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+    // SAFETY: `sysconf` has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let start = range.start.next_multiple_of(page);
+    let end = range.end - range.end % page;
+    start..end.max(start)
+}
+
+/// Whether a child forked from now on gets the pages of `pages` (`MADV_DOFORK`) or not
+/// (`MADV_DONTFORK`). Only advice: if it fails, the child gets them, which costs copy-on-write
+/// faults but is still correct.
+fn set_fork_advice(pages: &std::ops::Range<usize>, advice: libc::c_int) {
+    if pages.is_empty() {
+        return;
+    }
+    // SAFETY: whole pages of the index's table, which stays allocated: the writer thread,
+    // the only one that changes (and so reallocates) it, is the one calling this around its
+    // fork. The advice changes only what a fork copies.
+    unsafe { libc::madvise(pages.start as *mut libc::c_void, pages.len(), advice) };
 }
 
 impl Child {
@@ -157,6 +209,7 @@ fn child_main(
     position: u64,
     index: &Index,
     meta: &Meta,
+    image: TableImage,
     report: &mut std::io::PipeWriter,
 ) -> ! {
     use std::os::fd::AsRawFd;
@@ -184,7 +237,7 @@ fn child_main(
     // child is gone, so the child (and the copies of pages it keeps shared) lives no longer
     // than the serialization.
     let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        snapshot::write_tmp(dir, position, index, meta, false)
+        snapshot::write_tmp(dir, position, index, meta, false, image)
     }));
     let code = match written {
         Ok(Ok(_)) => 0,
@@ -213,7 +266,7 @@ mod tests {
         let (mut index, meta) = sample();
         let before = Index::import(&index.export());
         let dir = scratch_dir("forked");
-        let child = spawn(&dir, 9, &index, &meta).unwrap();
+        let child = spawn(&dir, 9, &index, &meta, Table::Shared).unwrap();
         // The parent goes on changing its index; the child's copy does not see it.
         let request = ApplyRequest {
             worker_id: "w-new".into(),
@@ -238,11 +291,63 @@ mod tests {
         assert_ne!(before.export(), index.export());
     }
 
+    /// A REPORT (1) or REVOKE (2) of `hashes` by worker `id`.
+    fn change(id: &str, action_type: i32, hashes: std::ops::Range<i64>) -> kv_index::ValidApply {
+        let len = match action_type {
+            1 => hashes.end.saturating_sub(hashes.start) as usize,
+            _ => 0,
+        };
+        let request = ApplyRequest {
+            worker_id: id.into(),
+            seq: 0,
+            worker_address: format!("http://{id}"),
+            cache_spec: None,
+            actions: vec![ActionRequest {
+                action_type,
+                tier: 1,
+                component_masks: vec![0; len],
+                block_sizes: vec![16; len],
+                hashes: hashes.collect(),
+                parent_block_hash: None,
+            }],
+        };
+        request.validate().unwrap()
+    }
+
+    #[test]
+    fn a_child_without_the_tables_pages_writes_the_index_whole() {
+        // Big enough that the table spans many whole pages, which the child does not get: a
+        // child that read them would die of a segmentation fault.
+        let (mut index, meta) = sample();
+        for (w, start) in [("w-1", 1_000), ("w-2", 20_000)] {
+            index.apply(&change(w, 1, start..start + 12_000));
+        }
+        index.apply(&change("w-1", 1, 30_000..30_500));
+        index.apply(&change("w-1", 2, 1_000..5_000));
+        assert!(whole_pages(index.table_memory()).len() >= 64 * 4096);
+        let before = index.export().canonical();
+        let dir = scratch_dir("forked-big");
+        let child = spawn(&dir, 4, &index, &meta, Table::Withheld).unwrap();
+        index.apply(&change("w-3", 1, 50_000..52_000));
+        child.wait().unwrap();
+        let read = snapshot::read(&snapshot::path(&dir, 4)).unwrap();
+        read.index.check_invariants();
+        assert_eq!((read.position, &read.meta), (4, &meta));
+        assert!(
+            read.index.export().canonical() == before,
+            "the index as at the fork"
+        );
+        assert!(index.export().canonical() != before);
+    }
+
     #[test]
     fn a_child_that_cannot_write_says_why() {
         let (index, meta) = sample();
         let dir = scratch_dir("forked-nowhere").join("missing");
-        let error = spawn(&dir, 3, &index, &meta).unwrap().wait().unwrap_err();
+        let error = spawn(&dir, 3, &index, &meta, Table::Withheld)
+            .unwrap()
+            .wait()
+            .unwrap_err();
         let text = kv_common::error_chain(&error);
         assert!(text.contains("the snapshot process failed"), "{text}");
         assert!(

@@ -91,7 +91,7 @@ pub(crate) struct Built {
 /// Writes the snapshot of `index` and `meta` at `position` into `dir`, streamed (tmp, sync,
 /// rename, sync the directory); returns its size in bytes.
 pub fn write(dir: &Path, position: u64, index: &Index, meta: &Meta) -> Result<u64, LogError> {
-    let written = write_tmp(dir, position, index, meta, true)?;
+    let written = write_tmp(dir, position, index, meta, true, TableImage::Own)?;
     publish(dir, position, true)?;
     Ok(written)
 }
@@ -104,13 +104,14 @@ pub(crate) fn write_tmp(
     index: &Index,
     meta: &Meta,
     trickle: bool,
+    table: TableImage,
 ) -> Result<u64, LogError> {
     let tmp = tmp_path(dir, position);
     let file = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
     let mut out = BufWriter::with_capacity(IO_BUFFER, Trickle::new(file, trickle));
     (|| {
         out.write_all(&header(position, 0, 0))?;
-        let (len, crc) = write_payload(&mut out, position, index, meta)?;
+        let (len, crc) = write_payload(&mut out, position, index, meta, table)?;
         let mut file = out.into_inner().map_err(|error| error.into_error())?.file;
         file.seek(SeekFrom::Start(0))?;
         file.write_all(&header(position, len, crc))?;
@@ -145,7 +146,8 @@ pub(crate) fn tmp_path(dir: &Path, position: u64) -> PathBuf {
 /// it in the shared log).
 pub fn to_bytes(position: u64, index: &Index, meta: &Meta) -> Vec<u8> {
     let mut bytes = header(position, 0, 0).to_vec();
-    let (len, crc) = write_payload(&mut bytes, position, index, meta).expect("writing to memory");
+    let (len, crc) = write_payload(&mut bytes, position, index, meta, TableImage::Own)
+        .expect("writing to memory");
     bytes[..HEADER_LEN].copy_from_slice(&header(position, len, crc));
     bytes
 }
@@ -241,18 +243,32 @@ fn header(position: u64, len: u64, crc: u32) -> [u8; HEADER_LEN] {
     header
 }
 
+/// Which block table a snapshot's image holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TableImage {
+    /// The index's own ([`Index::write_image`]).
+    Own,
+    /// One built from the live blocks ([`Index::write_image_with_fresh_table`]): the forked
+    /// child's, which does not have the index's table.
+    Fresh,
+}
+
 /// Writes the format-3 payload of the snapshot at `position`; returns its length and CRC-32.
 fn write_payload(
     out: &mut impl Write,
     position: u64,
     index: &Index,
     meta: &Meta,
+    table: TableImage,
 ) -> std::io::Result<(u64, u32)> {
     let mut out = Summed::new(out);
     let meta = encode_meta(meta);
     out.write_all(&(meta.len() as u64).to_le_bytes())?;
     out.write_all(&meta)?;
-    index.write_image(&mut out)?;
+    match table {
+        TableImage::Own => index.write_image(&mut out)?,
+        TableImage::Fresh => index.write_image_with_fresh_table(&mut out)?,
+    }
     Ok((out.len, out.crc_with(position)))
 }
 

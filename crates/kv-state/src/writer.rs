@@ -433,14 +433,18 @@ impl Thread {
             durable.log.end(),
         );
         // Every record up to `to` is applied: the writer commits a group before this.
-        let child = match durable.method {
-            SnapshotMethod::Fork => crate::fork::spawn(&dir, to, &self.index.read(), &self.meta)
+        let table = match durable.method {
+            SnapshotMethod::Fork => Some(crate::fork::Table::Withheld),
+            SnapshotMethod::ForkShared => Some(crate::fork::Table::Shared),
+            SnapshotMethod::Rebuild => None,
+        };
+        let child = table.and_then(|table| {
+            crate::fork::spawn(&dir, to, &self.index.read(), &self.meta, table)
                 .inspect_err(|error| {
                     warn!(%error, "cannot fork the snapshot process: building it from the log")
                 })
-                .ok(),
-            SnapshotMethod::Rebuild => None,
-        };
+                .ok()
+        });
         let stopper = child.as_ref().map(crate::fork::Child::stopper);
         let spawned = match child {
             // The snapshot thread, not the writer, deletes what the snapshot covers.

@@ -77,6 +77,7 @@ async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
         (SyncPolicy::Always, SnapshotMethod::Fork),
         (SyncPolicy::Batch, SnapshotMethod::Fork),
         (SyncPolicy::Off, SnapshotMethod::Fork),
+        (SyncPolicy::Batch, SnapshotMethod::ForkShared),
         (SyncPolicy::Batch, SnapshotMethod::Rebuild),
     ];
     for (sync, snapshot_method) in cases {

@@ -25,7 +25,7 @@ use std::io::{self, Read, Write};
 use smallvec::SmallVec;
 
 use crate::image_io::{ImageError, ImageInput, malformed, put_all, put_str, put_u32, put_u64};
-use crate::table::BlockTable;
+use crate::table::{BlockTable, Loc};
 use crate::types::CacheSpec;
 
 use super::layout::{Chunk, Holder, Holdings, Piece, Placement, ScanProfile, Tokens, Worker};
@@ -34,6 +34,45 @@ use super::{Index, MAX_WORKERS};
 impl Index {
     /// Writes this index's image (see the module docs) to `out`.
     pub fn write_image(&self, out: &mut impl Write) -> io::Result<()> {
+        self.write_image_with(out, &self.table, self.stale)
+    }
+
+    /// Writes the image of the same index with a block table built afresh from the live
+    /// blocks, without reading this index's own table: for a forked child that was not given
+    /// the table's memory (see [`Index::table_memory`]). It holds no stale entry, and it may
+    /// have fewer buckets; it loads as [`Index::write_image`]'s does and answers alike.
+    pub fn write_image_with_fresh_table(&self, out: &mut impl Write) -> io::Result<()> {
+        let table = BlockTable::with_entries(self.blocks, self.live_blocks());
+        self.write_image_with(out, &table, 0)
+    }
+
+    /// Every live block's hash and where it is stored, chunk by chunk.
+    fn live_blocks(&self) -> impl Iterator<Item = (i64, Loc)> + '_ {
+        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
+            let live = chunk
+                .pieces
+                .iter()
+                .enumerate()
+                .filter(|(_, piece)| !piece.placements.is_empty());
+            live.flat_map(move |(i, piece)| {
+                (piece.begin..chunk.piece_end(i) as u32).map(move |offset| {
+                    let loc = Loc {
+                        chunk: c as u32,
+                        offset,
+                    };
+                    (chunk.hashes[offset as usize], loc)
+                })
+            })
+        })
+    }
+
+    /// The image with `table` and `stale` in place of the index's own.
+    fn write_image_with(
+        &self,
+        out: &mut impl Write,
+        table: &BlockTable,
+        stale: usize,
+    ) -> io::Result<()> {
         let mut scratch = Vec::new();
         put_u32(out, self.workers.len() as u32)?;
         for worker in &self.workers {
@@ -53,7 +92,7 @@ impl Index {
         }
         put_u32(out, self.free_chunks.len() as u32)?;
         put_all(out, &mut scratch, &self.free_chunks, |c| c.to_le_bytes())?;
-        self.table.write_image(out, &mut scratch)?;
+        table.write_image(out, &mut scratch)?;
         put_u64(out, self.hits.len() as u64)?;
         let mut hits: Vec<(i64, u64)> = self.hits.iter().map(|(&h, &c)| (h, c)).collect();
         hits.sort_unstable();
@@ -63,7 +102,7 @@ impl Index {
             bytes[8..].copy_from_slice(&count.to_le_bytes());
             bytes
         })?;
-        for counter in [self.placements, self.blocks, self.stale] {
+        for counter in [self.placements, self.blocks, stale] {
             put_u64(out, counter as u64)?;
         }
         Ok(())

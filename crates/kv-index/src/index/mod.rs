@@ -146,6 +146,15 @@ impl Index {
         worker
     }
 
+    /// The addresses of the block table's memory. It is most of the index, and applies write to
+    /// it at random; so a process that forks a child to write a snapshot keeps these pages out
+    /// of the child (`MADV_DONTFORK`), where copy-on-write would fault on nearly every one of
+    /// them after the fork, and the child writes [`Index::write_image_with_fresh_table`],
+    /// which never reads them. Valid until the next change to the index.
+    pub fn table_memory(&self) -> std::ops::Range<usize> {
+        self.table.memory()
+    }
+
     /// Marks chunk `c` as having a block with a hit count.
     pub(crate) fn note_hits(&mut self, c: u32) {
         self.chunks[c as usize].has_hits = true;
