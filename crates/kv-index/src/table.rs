@@ -149,7 +149,6 @@ impl BlockTable {
         }
     }
 
-    /// Doubles the table (or makes the first one).
     /// A table of `entries` (each hash once, `len` of them) with as few buckets as a grown
     /// table could have for them: at most 4/5 full, room for one more.
     pub(crate) fn with_entries(
@@ -185,6 +184,7 @@ impl BlockTable {
         start..start + std::mem::size_of_val(self.buckets.as_slice())
     }
 
+    /// Doubles the table (or makes the first one).
     pub(crate) fn grow(&mut self) {
         let buckets = (self.buckets.len() * 2).max(MIN_BUCKETS);
         self.rebuild(buckets, |_, _| true);

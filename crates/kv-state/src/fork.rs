@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tracing::warn;
 
 use kv_index::Index;
 
@@ -86,6 +87,23 @@ pub(crate) fn spawn(
     meta: &Meta,
     table: Table,
 ) -> std::io::Result<Child> {
+    let image = match table {
+        Table::Withheld => TableImage::Fresh,
+        Table::Shared => TableImage::Own,
+    };
+    spawn_writing(dir, position, index, meta, table, image)
+}
+
+/// [`spawn`], with the child writing `image` whatever `table` is: only a test pairs a withheld
+/// table with [`TableImage::Own`], to see that such a child cannot read it.
+fn spawn_writing(
+    dir: &Path,
+    position: u64,
+    index: &Index,
+    meta: &Meta,
+    table: Table,
+    image: TableImage,
+) -> std::io::Result<Child> {
     let start = Instant::now();
     let (errors, mut report) = std::io::pipe()?;
     // SAFETY: `getpid` has no preconditions.
@@ -94,20 +112,20 @@ pub(crate) fn spawn(
         Table::Withheld => whole_pages(index.table_memory()),
         Table::Shared => 0..0,
     };
-    set_fork_advice(&withheld, libc::MADV_DONTFORK);
+    if let Err(error) = set_fork_advice(&withheld, libc::MADV_DONTFORK) {
+        warn!(%error, "cannot keep the block table out of the snapshot process: applies may stall after the fork");
+    }
     // SAFETY: the child runs only `child_main`, which keeps to what is safe after a fork in a
     // multi-threaded process (the module's documentation) and never returns; when the table
     // is withheld it never reads it (it writes a fresh one).
     let forked = unsafe { libc::fork() };
+    let fork_error = (forked == -1).then(std::io::Error::last_os_error);
     if forked != 0 {
-        set_fork_advice(&withheld, libc::MADV_DOFORK);
+        // Failing, a later fork (only ours) would not get these pages either: harmless.
+        let _ = set_fork_advice(&withheld, libc::MADV_DOFORK);
     }
-    let image = match table {
-        Table::Withheld => TableImage::Fresh,
-        Table::Shared => TableImage::Own,
-    };
     match forked {
-        -1 => Err(std::io::Error::last_os_error()),
+        -1 => Err(fork_error.expect("fork failed")),
         0 => child_main(parent, dir, position, index, meta, image, &mut report),
         pid => Ok(Child {
             pid,
@@ -133,14 +151,17 @@ fn whole_pages(range: std::ops::Range<usize>) -> std::ops::Range<usize> {
 /// Whether a child forked from now on gets the pages of `pages` (`MADV_DOFORK`) or not
 /// (`MADV_DONTFORK`). Only advice: if it fails, the child gets them, which costs copy-on-write
 /// faults but is still correct.
-fn set_fork_advice(pages: &std::ops::Range<usize>, advice: libc::c_int) {
+fn set_fork_advice(pages: &std::ops::Range<usize>, advice: libc::c_int) -> std::io::Result<()> {
     if pages.is_empty() {
-        return;
+        return Ok(());
     }
     // SAFETY: whole pages of the index's table, which stays allocated: the writer thread,
     // the only one that changes (and so reallocates) it, is the one calling this around its
     // fork. The advice changes only what a fork copies.
-    unsafe { libc::madvise(pages.start as *mut libc::c_void, pages.len(), advice) };
+    match unsafe { libc::madvise(pages.start as *mut libc::c_void, pages.len(), advice) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 impl Child {
@@ -233,6 +254,9 @@ fn child_main(
         let param = libc::sched_param { sched_priority: 0 };
         libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
     }
+    // The child holds a table's worth of memory beside the server's: under a memory limit
+    // the OOM killer should take it, not the server (as Redis's background save does).
+    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
     // Only into the page cache: the parent's thread writes it back and syncs it once the
     // child is gone, so the child (and the copies of pages it keeps shared) lives no longer
     // than the serialization.
@@ -338,6 +362,16 @@ mod tests {
             "the index as at the fork"
         );
         assert!(index.export().canonical() != before);
+    }
+
+    #[test]
+    fn a_child_reading_the_withheld_table_dies() {
+        let (mut index, meta) = sample();
+        index.apply(&change("w-1", 1, 1_000..13_000));
+        let dir = scratch_dir("forked-reads-table");
+        let child = spawn_writing(&dir, 5, &index, &meta, Table::Withheld, TableImage::Own);
+        let text = kv_common::error_chain(&child.unwrap().wait().unwrap_err());
+        assert!(text.contains("killed by signal 11"), "{text}");
     }
 
     #[test]

@@ -27,7 +27,8 @@ pub enum SnapshotMethod {
     /// at its peak). The fork pauses the process briefly.
     Fork,
     /// A forked child writes the live index, the block table included, all copy-on-write:
-    /// memory stays near the index's size (1.0-1.4x), but the applies after each fork fault
+    /// memory stays nearer the index's size (1.0x quiet, 1.4-1.7x under heavy churn,
+    /// measured), but the applies after each fork fault
     /// on the table's pages, one copy each (apply p99 about 10x with a snapshot a second).
     ForkShared,
     /// A thread rebuilds the state from the previous snapshot and the log: the writer never

@@ -5,7 +5,9 @@
 //! [`Index::read_image`] reads them back with large sequential reads and no per-placement work:
 //! no table probe, no piece split, no reverse-holding update. The result is the same index,
 //! layout included (stale table entries, dead pieces and free chunks too), so it answers
-//! alike and has the same digest. Reading checks every index that could otherwise point out of
+//! alike and has the same digest. [`Index::write_image_with_fresh_table`] writes the same
+//! sections with a table built from the live blocks instead (no stale entry, perhaps fewer
+//! buckets): the same index but for the table's layout. Reading checks every index that could otherwise point out of
 //! bounds (workers of placements, chunks of holdings, table entries and free slots), the piece
 //! shape, each chunk's live count, that free slots are empty and the table's fill; what is
 //! left unchecked (that the table points at the right positions and holds each hash once, the
@@ -108,7 +110,8 @@ impl Index {
         Ok(())
     }
 
-    /// Reads an image that [`Index::write_image`] wrote.
+    /// Reads an image that [`Index::write_image`] (or [`Index::write_image_with_fresh_table`])
+    /// wrote.
     pub fn read_image(input: &mut ImageInput<impl Read>) -> Result<Index, ImageError> {
         let mut index = Index::new();
         let workers = input.u32()? as usize;
