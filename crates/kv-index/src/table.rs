@@ -44,6 +44,11 @@ fn unpack(value: u64) -> Loc {
 /// Buckets per run of the image (see [`BlockTable::write_image`]).
 const IMAGE_RUN: usize = 1 << 12;
 
+/// Whether `entries` in `buckets` would load the table past 4/5, its most.
+fn over_max_load(entries: usize, buckets: usize) -> bool {
+    entries * 5 > buckets * LANES * 4
+}
+
 /// The smallest non-empty table, in buckets.
 const MIN_BUCKETS: usize = 4;
 
@@ -73,7 +78,7 @@ impl BlockTable {
     /// Whether one more entry needs a bigger table (or a [`BlockTable::retain`]): the load stays
     /// at most 4/5.
     pub(crate) fn is_full(&self) -> bool {
-        (self.len + 1) * 5 > self.buckets.len() * LANES * 4
+        over_max_load(self.len + 1, self.buckets.len())
     }
 
     /// `hash`'s home bucket.
@@ -159,7 +164,7 @@ impl BlockTable {
             return BlockTable::default();
         }
         let mut buckets = MIN_BUCKETS;
-        while (len + 1) * 5 > buckets * LANES * 4 {
+        while over_max_load(len + 1, buckets) {
             buckets *= 2;
         }
         let mut table = BlockTable {
@@ -169,10 +174,7 @@ impl BlockTable {
         };
         for (hash, loc) in entries {
             assert!(!table.is_full(), "more entries than the {len} counted");
-            match table.probe(hash) {
-                Probe::Vacant(slot) => table.fill(slot, hash, loc),
-                Probe::Found(..) => unreachable!("a hash is held once"),
-            }
+            table.insert_new(hash, loc);
         }
         table
     }
@@ -283,7 +285,7 @@ impl BlockTable {
                 "an entry names chunk slot {chunk} of {chunks}"
             )));
         }
-        if table.len != len || len * 5 > buckets * LANES * 4 {
+        if table.len != len || over_max_load(len, buckets) {
             return Err(malformed(format!(
                 "{} entries where {len} were written, in {buckets} buckets",
                 table.len
@@ -302,16 +304,18 @@ impl BlockTable {
         let old = std::mem::replace(&mut self.buckets, new);
         self.shift = 64 - buckets.trailing_zeros();
         self.len = 0;
-        for slot in old.iter().flat_map(|bucket| bucket.0) {
-            let [key, value] = slot;
-            if value == 0 || !keep(key as i64, unpack(value)) {
-                continue;
+        for [key, value] in old.iter().flat_map(|bucket| bucket.0) {
+            if value != 0 && keep(key as i64, unpack(value)) {
+                self.insert_new(key as i64, unpack(value));
             }
-            match self.probe(key as i64) {
-                Probe::Vacant(i) => *self.slot_mut(i) = slot,
-                Probe::Found(..) => unreachable!("a hash is held once"),
-            }
-            self.len += 1;
+        }
+    }
+
+    /// Adds `hash`, which the table does not hold.
+    fn insert_new(&mut self, hash: i64, loc: Loc) {
+        match self.probe(hash) {
+            Probe::Vacant(slot) => self.fill(slot, hash, loc),
+            Probe::Found(..) => unreachable!("a hash is held once"),
         }
     }
 }

@@ -68,49 +68,39 @@ impl Stopper {
     }
 }
 
-/// Whether the child is given the index's block table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Table {
-    /// Not given (`MADV_DONTFORK`): the child writes a table built from the live blocks.
-    Withheld,
-    /// Shared copy-on-write with the rest; the child writes it as it is.
-    Shared,
-}
-
-/// Forks a child that writes the snapshot of `index` and `meta` at `position` into `dir`.
-/// Call it on the thread that changes the index, between two changes. `Err` when no child
-/// could be made (the caller builds the snapshot another way).
+/// Forks a child that writes the snapshot of `index` and `meta` at `position` into `dir`, with
+/// the block table `image`: a child writing a [`TableImage::Fresh`] one is not given the
+/// index's table (`MADV_DONTFORK`), a [`TableImage::Own`] one shares it copy-on-write. Call it
+/// on the thread that changes the index, between two changes. `Err` when no child could be
+/// made (the caller builds the snapshot another way).
 pub(crate) fn spawn(
     dir: &Path,
     position: u64,
     index: &Index,
     meta: &Meta,
-    table: Table,
+    image: TableImage,
 ) -> std::io::Result<Child> {
-    let image = match table {
-        Table::Withheld => TableImage::Fresh,
-        Table::Shared => TableImage::Own,
-    };
-    spawn_writing(dir, position, index, meta, table, image)
+    let withhold = matches!(image, TableImage::Fresh);
+    spawn_writing(dir, position, index, meta, withhold, image)
 }
 
-/// [`spawn`], with the child writing `image` whatever `table` is: only a test pairs a withheld
-/// table with [`TableImage::Own`], to see that such a child cannot read it.
+/// [`spawn`], withholding the table or not whatever `image` is: only a test withholds it from
+/// a child writing [`TableImage::Own`], to see that such a child cannot read it.
 fn spawn_writing(
     dir: &Path,
     position: u64,
     index: &Index,
     meta: &Meta,
-    table: Table,
+    withhold: bool,
     image: TableImage,
 ) -> std::io::Result<Child> {
     let start = Instant::now();
     let (errors, mut report) = std::io::pipe()?;
     // SAFETY: `getpid` has no preconditions.
     let parent = unsafe { libc::getpid() };
-    let withheld = match table {
-        Table::Withheld => whole_pages(index.table_memory()),
-        Table::Shared => 0..0,
+    let withheld = match withhold {
+        true => whole_pages(index.table_memory()),
+        false => 0..0,
     };
     if let Err(error) = set_fork_advice(&withheld, libc::MADV_DONTFORK) {
         warn!(%error, "cannot keep the block table out of the snapshot process: applies may stall after the fork");
@@ -118,14 +108,15 @@ fn spawn_writing(
     // SAFETY: the child runs only `child_main`, which keeps to what is safe after a fork in a
     // multi-threaded process (the module's documentation) and never returns; when the table
     // is withheld it never reads it (it writes a fresh one).
-    let forked = unsafe { libc::fork() };
-    let fork_error = (forked == -1).then(std::io::Error::last_os_error);
-    if forked != 0 {
+    let forked = match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        pid => Ok(pid),
+    };
+    if !matches!(forked, Ok(0)) {
         // Failing, a later fork (only ours) would not get these pages either: harmless.
         let _ = set_fork_advice(&withheld, libc::MADV_DOFORK);
     }
-    match forked {
-        -1 => Err(fork_error.expect("fork failed")),
+    match forked? {
         0 => child_main(parent, dir, position, index, meta, image, &mut report),
         pid => Ok(Child {
             pid,
@@ -290,7 +281,7 @@ mod tests {
         let (mut index, meta) = sample();
         let before = Index::import(&index.export());
         let dir = scratch_dir("forked");
-        let child = spawn(&dir, 9, &index, &meta, Table::Shared).unwrap();
+        let child = spawn(&dir, 9, &index, &meta, TableImage::Own).unwrap();
         // The parent goes on changing its index; the child's copy does not see it.
         let request = ApplyRequest {
             worker_id: "w-new".into(),
@@ -351,7 +342,7 @@ mod tests {
         assert!(whole_pages(index.table_memory()).len() >= 64 * 4096);
         let before = index.export().canonical();
         let dir = scratch_dir("forked-big");
-        let child = spawn(&dir, 4, &index, &meta, Table::Withheld).unwrap();
+        let child = spawn(&dir, 4, &index, &meta, TableImage::Fresh).unwrap();
         index.apply(&change("w-3", 1, 50_000..52_000));
         child.wait().unwrap();
         let read = snapshot::read(&snapshot::path(&dir, 4)).unwrap();
@@ -369,7 +360,7 @@ mod tests {
         let (mut index, meta) = sample();
         index.apply(&change("w-1", 1, 1_000..13_000));
         let dir = scratch_dir("forked-reads-table");
-        let child = spawn_writing(&dir, 5, &index, &meta, Table::Withheld, TableImage::Own);
+        let child = spawn_writing(&dir, 5, &index, &meta, true, TableImage::Own);
         let text = kv_common::error_chain(&child.unwrap().wait().unwrap_err());
         assert!(text.contains("killed by signal 11"), "{text}");
     }
@@ -378,7 +369,7 @@ mod tests {
     fn a_child_that_cannot_write_says_why() {
         let (index, meta) = sample();
         let dir = scratch_dir("forked-nowhere").join("missing");
-        let error = spawn(&dir, 3, &index, &meta, Table::Withheld)
+        let error = spawn(&dir, 3, &index, &meta, TableImage::Fresh)
             .unwrap()
             .wait()
             .unwrap_err();

@@ -28,8 +28,8 @@ pub enum SnapshotMethod {
     Fork,
     /// A forked child writes the live index, the block table included, all copy-on-write:
     /// memory stays nearer the index's size (1.0x quiet, 1.4-1.7x under heavy churn,
-    /// measured), but the applies after each fork fault
-    /// on the table's pages, one copy each (apply p99 about 10x with a snapshot a second).
+    /// measured), but the applies after each fork fault on the table's pages, one copy each
+    /// (apply p99 about 10x with a snapshot a second).
     ForkShared,
     /// A thread rebuilds the state from the previous snapshot and the log: the writer never
     /// waits, but a second index is held while it is built.

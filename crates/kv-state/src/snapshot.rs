@@ -206,9 +206,7 @@ impl Trickle {
         self.flushed = self.written;
         Ok(())
     }
-}
 
-impl Trickle {
     /// Writes back the first `len` bytes of a file written without waits, [`TRICKLE`] at a time.
     fn write_back_all(&mut self, len: u64) -> std::io::Result<()> {
         while self.flushed < len {

@@ -31,6 +31,7 @@ use crate::log::EventLog;
 use crate::meta::{ExpiryGuard, Gate, Meta, admit, due_for_expiry};
 use crate::record::{Change, Record};
 use crate::settings::SnapshotMethod;
+use crate::snapshot::TableImage;
 
 /// Jobs queued for the writer before senders wait.
 const QUEUE: usize = 4096;
@@ -433,13 +434,13 @@ impl Thread {
             durable.log.end(),
         );
         // Every record up to `to` is applied: the writer commits a group before this.
-        let table = match durable.method {
-            SnapshotMethod::Fork => Some(crate::fork::Table::Withheld),
-            SnapshotMethod::ForkShared => Some(crate::fork::Table::Shared),
+        let image = match durable.method {
+            SnapshotMethod::Fork => Some(TableImage::Fresh),
+            SnapshotMethod::ForkShared => Some(TableImage::Own),
             SnapshotMethod::Rebuild => None,
         };
-        let child = table.and_then(|table| {
-            crate::fork::spawn(&dir, to, &self.index.read(), &self.meta, table)
+        let child = image.and_then(|image| {
+            crate::fork::spawn(&dir, to, &self.index.read(), &self.meta, image)
                 .inspect_err(|error| {
                     warn!(%error, "cannot fork the snapshot process: building it from the log")
                 })

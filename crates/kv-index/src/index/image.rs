@@ -7,11 +7,11 @@
 //! layout included (stale table entries, dead pieces and free chunks too), so it answers
 //! alike and has the same digest. [`Index::write_image_with_fresh_table`] writes the same
 //! sections with a table built from the live blocks instead (no stale entry, perhaps fewer
-//! buckets): the same index but for the table's layout. Reading checks every index that could otherwise point out of
-//! bounds (workers of placements, chunks of holdings, table entries and free slots), the piece
-//! shape, each chunk's live count, that free slots are empty and the table's fill; what is
-//! left unchecked (that the table points at the right positions and holds each hash once, the
-//! index's counters) is what the caller's checksum vouches for.
+//! buckets): the same index but for the table's layout. Reading checks every index that could
+//! otherwise point out of bounds (workers of placements, chunks of holdings, table entries and
+//! free slots), the piece shape, each chunk's live count, that free slots are empty and the
+//! table's fill; what is left unchecked (that the table points at the right positions and
+//! holds each hash once, the index's counters) is what the caller's checksum vouches for.
 //!
 //! All integers are little-endian. Sections, in order:
 //! - workers: count, then per worker its id, address, spec, non-zero-mask count and reverse
