@@ -11,7 +11,7 @@
 //! snapshot every second). The child writes a table built afresh from the live blocks
 //! ([`Index::write_image_with_fresh_table`]), never touching the missing pages; that costs it
 //! a table's worth of memory while it runs. The rest of the index is shared copy-on-write.
-//! `KV_INDEXER_SNAPSHOT_METHOD=fork-shared` shares the table too ([`TableImage::Own`]).
+//! `KV_INDEXER_SNAPSHOT_METHOD=fork-shared` shares the table too (`TableImage::Own`).
 //!
 //! The child of a multi-threaded process may only rely on what the fork copied consistently:
 //! it reads the index (the writer thread forks it between two changes, so no change is half
