@@ -7,7 +7,7 @@
 //! *slot* would start anywhere in a line: near the table's top load an insert's probe runs
 //! about 13 slots, over 3-4 lines from a random start, and an insert is mostly that probe.
 //! There is no single-key removal: the index deletes lazily and stale entries go in
-//! [`BlockTable::retain`], which rebuilds the table.
+//! [`BlockTable::purged`], a rebuilt table.
 
 use crate::image_io::{ImageError, ImageInput, put_all, put_u64};
 
@@ -75,10 +75,15 @@ impl BlockTable {
         self.len
     }
 
-    /// Whether one more entry needs a bigger table (or a [`BlockTable::retain`]): the load stays
+    /// Whether one more entry needs a bigger table (or a [`BlockTable::purged`] one): the load stays
     /// at most 4/5.
     pub(crate) fn is_full(&self) -> bool {
-        over_max_load(self.len + 1, self.buckets.len())
+        !self.has_room(1)
+    }
+
+    /// Whether `more` entries fit without a bigger table.
+    pub(crate) fn has_room(&self, more: usize) -> bool {
+        !over_max_load(self.len + more, self.buckets.len())
     }
 
     /// `hash`'s home bucket.
@@ -101,8 +106,8 @@ impl BlockTable {
         }
     }
 
-    /// Looks `hash` up. With an empty table, reports slot 0 as vacant: call
-    /// [`BlockTable::grow`] before filling one.
+    /// Looks `hash` up. With an empty table, reports slot 0 as vacant: grow it
+    /// ([`BlockTable::grown`]) before filling one.
     pub(crate) fn probe(&self, hash: i64) -> Probe {
         if self.buckets.is_empty() {
             return Probe::Vacant(0);
@@ -186,15 +191,26 @@ impl BlockTable {
         start..start + std::mem::size_of_val(self.buckets.as_slice())
     }
 
-    /// Doubles the table (or makes the first one).
-    pub(crate) fn grow(&mut self) {
-        let buckets = (self.buckets.len() * 2).max(MIN_BUCKETS);
-        self.rebuild(buckets, |_, _| true);
+    /// A copy with room for `more` entries beyond these: twice the buckets, or more if need be.
+    /// Like [`BlockTable::purged`], built from `&self`, so that a caller can build it beside
+    /// readers and swap it in (see `Index::table_for`).
+    pub(crate) fn grown(&self, more: usize) -> BlockTable {
+        let mut buckets = (self.buckets.len() * 2).max(MIN_BUCKETS);
+        while over_max_load(self.len + more, buckets) {
+            buckets *= 2;
+        }
+        self.rebuilt(buckets, |_, _| true)
     }
 
-    /// Keeps only the entries for which `keep` holds, at the same size.
-    pub(crate) fn retain(&mut self, keep: impl FnMut(i64, Loc) -> bool) {
-        self.rebuild(self.buckets.len(), keep);
+    /// A copy holding the entries for which `keep` holds, with room for `more` beyond them: at
+    /// the same size if that leaves the room, else grown.
+    pub(crate) fn purged(&self, more: usize, keep: impl FnMut(i64, Loc) -> bool) -> BlockTable {
+        let table = self.rebuilt(self.buckets.len().max(MIN_BUCKETS), keep);
+        if table.has_room(more) {
+            table
+        } else {
+            table.grown(more)
+        }
     }
 
     /// Writes the table as its image: the bucket and entry counts, then per run of
@@ -294,21 +310,25 @@ impl BlockTable {
         Ok(table)
     }
 
-    fn rebuild(&mut self, buckets: usize, mut keep: impl FnMut(i64, Loc) -> bool) {
+    /// A table of `buckets` buckets holding the entries for which `keep` holds.
+    fn rebuilt(&self, buckets: usize, mut keep: impl FnMut(i64, Loc) -> bool) -> BlockTable {
         debug_assert!(buckets.is_power_of_two());
         // Written out explicitly rather than allocated zeroed: lazily mapped zero pages would
         // fault twice each (a probe's read maps the zero page, the insert's write copies it),
         // at random during the inserts, where writing them in order costs less.
         let mut new = Vec::with_capacity(buckets);
         new.resize(buckets, Bucket::default());
-        let old = std::mem::replace(&mut self.buckets, new);
-        self.shift = 64 - buckets.trailing_zeros();
-        self.len = 0;
-        for [key, value] in old.iter().flat_map(|bucket| bucket.0) {
+        let mut table = BlockTable {
+            buckets: new,
+            len: 0,
+            shift: 64 - buckets.trailing_zeros(),
+        };
+        for [key, value] in self.buckets.iter().flat_map(|bucket| bucket.0) {
             if value != 0 && keep(key as i64, unpack(value)) {
-                self.insert_new(key as i64, unpack(value));
+                table.insert_new(key as i64, unpack(value));
             }
         }
+        table
     }
 
     /// Adds `hash`, which the table does not hold.
@@ -333,7 +353,7 @@ mod tests {
             Probe::Found(slot, _) => table.set(slot, loc),
             Probe::Vacant(slot) => {
                 if table.is_full() {
-                    table.grow();
+                    *table = table.grown(1);
                     return insert(table, hash, loc);
                 }
                 table.fill(slot, hash, loc);
@@ -342,8 +362,9 @@ mod tests {
     }
 
     proptest! {
-        /// Inserts, overwrites and retains agree with a map, across growth and across hashes
-        /// that share home buckets (few distinct values, many collisions).
+        /// Inserts, overwrites and purges agree with a map, across growth (one entry at a time,
+        /// or room for many at once) and across hashes that share home buckets (few distinct
+        /// values, many collisions).
         #[test]
         fn agrees_with_a_map(
             ops in prop::collection::vec((0i64..64, 0u32..1000, any::<bool>()), 1..400),
@@ -358,7 +379,9 @@ mod tests {
                 model.insert(hash, loc);
                 if retain && i % 7 == 0 {
                     let keep = |hash: i64, loc: Loc| (hash ^ i64::from(loc.chunk)) % 3 != 0;
-                    table.retain(keep);
+                    let more = value as usize % 50;
+                    table = table.purged(more, keep);
+                    prop_assert!(table.has_room(more));
                     model.retain(|&hash, &mut loc| keep(hash, loc));
                 }
                 prop_assert_eq!(table.len(), model.len());
@@ -383,8 +406,7 @@ mod tests {
 
     #[test]
     fn a_full_bucket_spills_into_the_next() {
-        let mut table = BlockTable::default();
-        table.grow();
+        let mut table = BlockTable::default().grown(1);
         // Hashes with one home bucket: the multiplier's top bits decide it, so look for them.
         let home = table.home(1);
         let same: Vec<i64> = (1i64..)

@@ -207,6 +207,16 @@ impl ValidApply {
     pub fn actions(&self) -> &[Action] {
         &self.actions
     }
+
+    /// The hashes its REPORT actions name: at most the new blocks applying it adds (see
+    /// [`crate::Index::table_for`]).
+    pub fn reported_blocks(&self) -> usize {
+        self.actions
+            .iter()
+            .filter(|action| action.kind == ActionKind::Report)
+            .map(|action| action.hashes.len())
+            .sum()
+    }
 }
 
 /// One worker's holdings at one tier among the hashes of a `MatchExternalKv`.

@@ -19,7 +19,8 @@
 //! - [`apply`]: one record applied to the index and the workers' meta;
 //! - [`meta`]: per-worker fencing and liveness;
 //! - [`record`], [`log`], [`snapshot`], [`stream`], [`dir`]: the formats and the stores;
-//! - [`cell`]: the shared index cell and the abort-on-panic guard;
+//! - [`cell`]: the shared index cell, the writer's lock on it (`write_for`: a block table
+//!   rebuilt beside queries) and the abort-on-panic guard;
 //! - [`settings`], [`error`], [`digest`], [`observe`], [`clock`].
 
 pub mod apply;

@@ -17,6 +17,10 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     ("kv_indexer_snapshots_total", "Snapshots written"),
     (
+        "kv_indexer_table_rebuilds_total",
+        "Block table rebuilds (grown, or purged of stale entries), built beside queries before the change that needed them",
+    ),
+    (
         "kv_indexer_snapshot_failures_total",
         "Snapshots that failed to be written or published",
     ),
@@ -64,6 +68,10 @@ const GAUGES: &[(&str, &str)] = &[
         "How long the last snapshot took to build and write, in seconds",
     ),
     (
+        "kv_indexer_table_rebuild_seconds",
+        "How long the last block table rebuild took (applies waited; queries did not), in seconds",
+    ),
+    (
         "kv_indexer_snapshot_last_success_timestamp_seconds",
         "Unix time of the last snapshot written (0: none since start)",
     ),
@@ -101,6 +109,18 @@ pub fn snapshot_written(bytes: u64, took: Duration) {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     metrics::gauge!("kv_indexer_snapshot_last_success_timestamp_seconds").set(now.as_secs_f64());
+}
+
+/// A block table rebuilt beside the index (see [`crate::cell::write_for`]), now holding
+/// `entries`.
+pub fn table_rebuilt(entries: usize, took: Duration) {
+    metrics::counter!("kv_indexer_table_rebuilds_total").increment(1);
+    metrics::gauge!("kv_indexer_table_rebuild_seconds").set(took.as_secs_f64());
+    tracing::debug!(
+        entries,
+        took_ms = took.as_millis() as u64,
+        "block table rebuilt beside queries"
+    );
 }
 
 /// A snapshot build that failed (`Some`, with its error) or whose thread panicked (`None`):

@@ -102,6 +102,20 @@ impl Record {
         out
     }
 
+    /// The hashes the record's REPORT actions name: at most the new blocks applying it adds
+    /// (see [`crate::cell::write_for`]).
+    pub fn reported_blocks(&self) -> usize {
+        match &self.change {
+            Change::Apply(request) => request
+                .actions
+                .iter()
+                .filter(|action| action.r#type == kv_index::ActionKind::Report as i32)
+                .map(|action| action.hashes.len())
+                .sum(),
+            Change::CountHits(_) | Change::Expire(_) | Change::ExpireUnseen(_) => 0,
+        }
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Record, RecordError> {
         if bytes.len() < 9 {
             return Err(RecordError::Short);

@@ -347,7 +347,11 @@ impl Thread {
 
     /// Applies one logged change to the index (a panic inside aborts, see [`AbortOnPanic`]).
     fn apply(&mut self, change: Accepted) {
-        let mut index = self.index.write();
+        let blocks = match &change {
+            Accepted::Apply(apply) => apply.valid.reported_blocks(),
+            Accepted::Other { .. } => 0,
+        };
+        let mut index = crate::cell::write_for(&self.index, blocks);
         let abort = AbortOnPanic("applying a logged change");
         match change {
             Accepted::Apply(PendingApply {

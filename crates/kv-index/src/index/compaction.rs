@@ -3,6 +3,7 @@
 
 use super::layout::{Chunk, Holder, Holdings, Piece, Tokens, found_at};
 use super::{CHUNK_COMPACTION_SLACK, HOLDINGS_COMPACTION_SLACK, Index};
+use crate::table::BlockTable;
 
 impl Index {
     /// After blocks of chunk `c` died: frees it when nothing is live, trims a dead end, and
@@ -74,24 +75,81 @@ impl Index {
     }
 
     /// Before a new table entry: drops stale entries when they are over a quarter of the table,
-    /// and grows it when it is still full.
+    /// and grows it when it is still full. A caller that locks the index avoids this rebuild
+    /// under its write lock with [`Index::table_for`].
     pub(super) fn make_room(&mut self) {
         if self.table.is_full() {
-            if self.stale > self.table.len() / 4 {
-                self.purge();
-            }
-            if self.table.is_full() {
-                self.table.grow();
+            let (table, purged) = self.roomier_table(1);
+            self.table = table;
+            if purged {
+                self.stale = 0;
             }
         }
     }
 
-    /// Drops stale table entries.
-    fn purge(&mut self) {
-        let chunks = &self.chunks;
-        self.table
-            .retain(|hash, loc| found_at(chunks, hash, loc).is_some());
-        self.stale = 0;
+    /// The table rebuilt with room for `more` entries: purged of stale entries when they are
+    /// over a quarter of it (and whether it was), else grown.
+    fn roomier_table(&self, more: usize) -> (BlockTable, bool) {
+        if self.stale > self.table.len() / 4 {
+            let chunks = &self.chunks;
+            let keep = |hash, loc| found_at(chunks, hash, loc).is_some();
+            (self.table.purged(more, keep), true)
+        } else {
+            (self.table.grown(more), false)
+        }
+    }
+
+    /// The block table a change adding at most `blocks` new blocks would rebuild (grown, or
+    /// purged of stale entries), built now from `&self`; `None` when it has the room. A caller
+    /// holding the index behind a lock builds it under a read lock and swaps it in with
+    /// [`Index::install_table`] under the write lock, just before the change: readers go on
+    /// meanwhile, where a rebuild inside the change would hold them for its whole length (it
+    /// touches every entry: seconds at 100 M placements).
+    pub fn table_for(&self, blocks: usize) -> Option<SpareTable> {
+        if self.table.has_room(blocks) {
+            return None;
+        }
+        let (table, purged) = self.roomier_table(blocks);
+        Some(SpareTable {
+            table,
+            purged,
+            changes: self.changes,
+        })
+    }
+
+    /// Swaps in a table from [`Index::table_for`] if the index has not changed since it was
+    /// built: `Ok` with the table it replaced (drop it after the lock: freeing a large table
+    /// takes a while), or `Err` with `spare` itself, stale, and nothing changed.
+    pub fn install_table(&mut self, mut spare: SpareTable) -> Result<SpareTable, SpareTable> {
+        if spare.changes != self.changes {
+            return Err(spare);
+        }
+        std::mem::swap(&mut self.table, &mut spare.table);
+        if spare.purged {
+            self.stale = 0;
+        }
+        spare.changes = RETIRED;
+        Ok(spare)
+    }
+}
+
+/// `SpareTable::changes` of a table taken out of the index, never installable.
+const RETIRED: u64 = u64::MAX;
+
+/// A block table outside the index: one built for it ([`Index::table_for`]), or the one it
+/// replaced.
+#[derive(Debug)]
+pub struct SpareTable {
+    table: BlockTable,
+    purged: bool,
+    /// [`Index::changes`] when it was built.
+    changes: u64,
+}
+
+impl SpareTable {
+    /// Entries it holds (live or stale).
+    pub fn entries(&self) -> usize {
+        self.table.len()
     }
 }
 
@@ -110,5 +168,86 @@ impl Holdings {
             });
             self.compacted = self.chunks.len();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{ActionRequest, ApplyRequest, Index, ValidApply};
+
+    /// `worker` REPORTs (action 1) or REVOKEs (2) `hashes` at HBM.
+    fn change(worker: &str, action_type: i32, hashes: std::ops::Range<i64>) -> ValidApply {
+        ApplyRequest {
+            worker_id: worker.to_owned(),
+            seq: 0,
+            worker_address: format!("http://{worker}"),
+            cache_spec: None,
+            actions: vec![ActionRequest {
+                action_type,
+                tier: 1,
+                hashes: hashes.collect(),
+                component_masks: Vec::new(),
+                block_sizes: Vec::new(),
+                parent_block_hash: None,
+            }],
+        }
+        .validate()
+        .expect("a valid change")
+    }
+
+    #[test]
+    fn a_table_built_beside_the_index_is_swapped_in_whole() {
+        let mut index = Index::new();
+        index.apply(&change("w", 1, 0..100));
+        let grow = change("w", 1, 100..1000);
+        let spare = index
+            .table_for(grow.reported_blocks())
+            .expect("900 more do not fit");
+        assert_eq!(spare.entries(), 100);
+        let old = index.install_table(spare).expect("built from this index");
+        assert_eq!(old.entries(), 100);
+        assert!(index.table_for(grow.reported_blocks()).is_none());
+        index.apply(&grow);
+        assert_eq!(index.table.len(), 1000);
+        // A retired table never goes back in.
+        assert!(index.install_table(old).is_err());
+        index.check_invariants();
+    }
+
+    #[test]
+    fn a_purge_built_beside_the_index_drops_only_stale_entries() {
+        let mut index = Index::new();
+        index.apply(&change("w", 1, 0..1000));
+        index.apply(&change("w", 2, 0..900));
+        // Fills the table up with blocks that come and go, so that it has to be rebuilt.
+        let mut next = 5000..;
+        let spare = loop {
+            if let Some(spare) = index.table_for(1) {
+                break spare;
+            }
+            let hash = next.next().expect("endless");
+            index.apply(&change("v", 1, hash..hash + 1));
+            index.apply(&change("v", 2, hash..hash + 1));
+        };
+        assert!(spare.purged, "900 stale of {} entries", index.table.len());
+        assert_eq!(spare.entries(), 100, "the live blocks 900..1000");
+        index.install_table(spare).expect("built from this index");
+        assert_eq!(index.stale, 0);
+        index.check_invariants();
+        assert!(index.match_kv(&[950]).is_ok_and(|m| m.len() == 1));
+    }
+
+    #[test]
+    fn a_table_built_before_a_change_is_refused_after_it() {
+        let mut index = Index::new();
+        index.apply(&change("w", 1, 0..100));
+        let spare = index.table_for(1000).expect("1000 more do not fit");
+        index.apply(&change("w", 2, 0..50));
+        let spare = index
+            .install_table(spare)
+            .expect_err("the index changed since");
+        assert_eq!(spare.entries(), 100);
+        assert_eq!(index.table.len(), 100, "the index's own table stays");
+        index.check_invariants();
     }
 }

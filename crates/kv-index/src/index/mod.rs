@@ -44,6 +44,7 @@ use rustc_hash::FxBuildHasher;
 use crate::table::BlockTable;
 use crate::types::{IndexStats, ValidApply};
 
+pub use compaction::SpareTable;
 pub use export::{Export, ExportedWorker, Held};
 pub(crate) use layout::{Chunk, Found, Placement};
 use layout::{ScanProfile, Worker, found_at};
@@ -86,6 +87,8 @@ pub struct Index {
     blocks: usize,
     /// Table entries known to be stale (an estimate: it only decides when to purge).
     stale: usize,
+    /// Applies so far: a [`SpareTable`] is installed only into the index it was built from.
+    changes: u64,
 }
 
 impl Index {
@@ -112,6 +115,7 @@ impl Index {
     /// Applies a validated batch: overwrites the worker's address and spec, then applies the
     /// actions in order. Cannot fail, so a batch is applied whole.
     pub fn apply(&mut self, batch: &ValidApply) {
+        self.changes += 1;
         let worker = self.intern(&batch.worker_id);
         let w = &mut self.workers[worker as usize];
         w.address.clone_from(&batch.worker_address);

@@ -209,7 +209,7 @@ impl Applier {
         let result = Record::decode(&entry.record)
             .map_err(|error| format!("does not decode: {error}"))
             .map(|record| {
-                let mut index = self.index.write();
+                let mut index = crate::cell::write_for(&self.index, record.reported_blocks());
                 let abort = AbortOnPanic("applying a shared-log entry");
                 let applied = apply_record(&mut index, &mut self.meta, &record);
                 drop(abort);
