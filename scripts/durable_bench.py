@@ -13,9 +13,11 @@ generator to CPU 1 when the machine has two):
    under heavy churn: the memory beside the index and the writer's longest fork pause; --runs N repeats it, --server NAME=PATH (repeatable)
    compares builds, interleaved;
 3. snapshot stalls: the longest apply and query latency while snapshots run every second,
-   next to the same run without snapshots.
+   next to the same run without snapshots;
+4. growth (not in the default --only): prefix queries while a preload grows an in-memory index
+   to each --placements target, and the block table rebuilds the server logged.
 
-    scripts/durable_bench.py [--placements 1000000,10000000] [--only ingest,startup,stall]
+    scripts/durable_bench.py [--placements 1000000,10000000] [--only ingest,startup,stall,growth]
 
 Only the Python standard library; binaries from target/release (built unless --no-build).
 """
@@ -355,6 +357,50 @@ def stall(args, logs):
               + f" {median_range([r[4] for r in runs], '{:.0f}'):>9}")
 
 
+def growth_once(args, logs, binary, target):
+    """One in-memory server preloaded to `target` placements while a client sends prefix
+    queries: the preload's time, the queries' outcomes, and the table rebuilds the server logged."""
+    os.environ["RUST_LOG"] = "info,kv_state::observe=debug"
+    try:
+        server = Server(args.base_port, logs, [], binary)
+    finally:
+        del os.environ["RUST_LOG"]
+    server.wait_ready()
+    out = {}
+
+    def queries():
+        out["queries"] = loadgen(args.base_port, "--workers", 256, "--prompts", 64, "--prompt-blocks", 64,
+                                 "--qps", 500, "--concurrency", 4, "--duration-secs", args.growth_secs)
+    client = threading.Thread(target=queries)
+    client.start()
+    started = time.time()
+    loadgen(args.base_port, *preload_flags(target))
+    preload = time.time() - started
+    client.join()
+    server.stop()
+    outcomes = dict(re.findall(r"^ +(\w+): +(\d+) ", out["queries"], re.M))
+    ok = re.search(r"OK: +\d+ .*?p99 (\d+) p999 \d+ max (\d+)", out["queries"])
+    rebuilds = [(int(e), int(t)) for e, t in
+                re.findall(r"rebuilt beside queries entries=(\d+) took_ms=(\d+)", server.log_text())]
+    return preload, outcomes, int(ok.group(1)), int(ok.group(2)), rebuilds
+
+
+def growth(args, logs):
+    """Per target and run, each build (interleaved): queries while a preload grows the index."""
+    print("\n## growth: prefix queries (500/s, 4 in flight, the client's 100 ms deadline) for "
+          f"{args.growth_secs} s while a preload grows an in-memory index; one line per run")
+    for target in args.placements:
+        for run in range(args.runs):
+            for name, binary in args.servers[run % len(args.servers):] + args.servers[:run % len(args.servers)]:
+                preload, outcomes, p99, top, rebuilds = growth_once(args, logs, binary, target)
+                failed = {code: n for code, n in outcomes.items() if code != "OK"}
+                slow = ", ".join(f"{e / 1e6:.1f} M entries {t} ms" for e, t in rebuilds if t >= 100)
+                print(f"{name:<10} {target:>11} placements: preload {preload:5.1f} s; queries OK "
+                      f"{outcomes.get('OK', 0)}, failed {sum(map(int, failed.values()))} {failed or ''}; "
+                      f"OK p99 {p99} µs, max {top} µs; table rebuilds of 100 ms or more: {slow or 'none logged'}",
+                      flush=True)
+
+
 def add_bench_args(ap, base_port):
     """The options this script and fleet_bench.py share: the placements, the ports from
     `base_port`, the churn and --no-build."""
@@ -380,6 +426,8 @@ def main():
     ap.add_argument("--stall-placements", type=int, default=2_000_000)
     ap.add_argument("--stall-secs", type=int, default=10)
     ap.add_argument("--stall-log-sync", default="batch", help="the stall runs' --log-sync")
+    ap.add_argument("--growth-secs", type=int, default=45,
+                    help="how long the growth part's client queries (longer than the preload)")
     ap.add_argument("--state-root", default=None, help="where state directories go (default: the temp dir)")
     ap.add_argument("--churn-secs", type=int, default=6,
                     help="seconds of 200k block-ops/s churn with a snapshot every second (start-up part)")
@@ -396,7 +444,7 @@ def main():
     logs = tempfile.mkdtemp(prefix="kv-durable-bench-")
     print(f"machine: {os.cpu_count()} CPUs; server on CPU 0, load generator on CPU 1; logs {logs}")
     for part in args.only.split(","):
-        {"ingest": ingest, "startup": startup, "stall": stall}[part](args, logs)
+        {"ingest": ingest, "startup": startup, "stall": stall, "growth": growth}[part](args, logs)
     return 0
 
 
