@@ -7,7 +7,7 @@
 //! *slot* would start anywhere in a line: near the table's top load an insert's probe runs
 //! about 13 slots, over 3-4 lines from a random start, and an insert is mostly that probe.
 //! There is no single-key removal: the index deletes lazily and stale entries go in
-//! [`BlockTable::purged`], a rebuilt table.
+//! [`BlockTable::replacement`], a rebuilt table.
 
 use crate::image_io::{ImageError, ImageInput, put_all, put_u64};
 
@@ -52,6 +52,16 @@ fn over_max_load(entries: usize, buckets: usize) -> bool {
 /// The smallest non-empty table, in buckets.
 const MIN_BUCKETS: usize = 4;
 
+/// The fewest buckets, `at_least` or that doubled (and never under [`MIN_BUCKETS`]), that hold
+/// `entries` within the load limit.
+fn buckets_for(entries: usize, at_least: usize) -> usize {
+    let mut buckets = at_least.max(MIN_BUCKETS);
+    while over_max_load(entries, buckets) {
+        buckets *= 2;
+    }
+    buckets
+}
+
 /// What [`BlockTable::probe`] found: the slot holding the hash, or the vacant slot where it
 /// would go (a slot is `bucket * LANES + lane`).
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +85,7 @@ impl BlockTable {
         self.len
     }
 
-    /// Whether one more entry needs a bigger table (or a [`BlockTable::purged`] one): the load stays
+    /// Whether one more entry needs a bigger table (or a [`BlockTable::replacement`]): the load stays
     /// at most 4/5.
     pub(crate) fn is_full(&self) -> bool {
         !self.has_room(1)
@@ -168,20 +178,7 @@ impl BlockTable {
         if len == 0 {
             return BlockTable::default();
         }
-        let mut buckets = MIN_BUCKETS;
-        while over_max_load(len + 1, buckets) {
-            buckets *= 2;
-        }
-        let mut table = BlockTable {
-            buckets: vec![Bucket::default(); buckets],
-            len: 0,
-            shift: 64 - buckets.trailing_zeros(),
-        };
-        for (hash, loc) in entries {
-            assert!(!table.is_full(), "more entries than the {len} counted");
-            table.insert_new(hash, loc);
-        }
-        table
+        BlockTable::filled(buckets_for(len + 1, MIN_BUCKETS), len, entries)
     }
 
     /// Where the buckets are in memory (addresses), for a process that forks: see
@@ -192,25 +189,48 @@ impl BlockTable {
     }
 
     /// A copy with room for `more` entries beyond these: twice the buckets, or more if need be.
-    /// Like [`BlockTable::purged`], built from `&self`, so that a caller can build it beside
-    /// readers and swap it in (see `Index::table_for`).
+    /// Built from `&self`, like [`BlockTable::replacement`], so that a caller can build it
+    /// beside readers and swap it in (see `Index::table_for`).
     pub(crate) fn grown(&self, more: usize) -> BlockTable {
-        let mut buckets = (self.buckets.len() * 2).max(MIN_BUCKETS);
-        while over_max_load(self.len + more, buckets) {
-            buckets *= 2;
-        }
-        self.rebuilt(buckets, |_, _| true)
+        let buckets = buckets_for(self.len + more, self.buckets.len() * 2);
+        let held = self.buckets.iter().flat_map(|bucket| bucket.0);
+        let entries = held
+            .filter(|&[_, value]| value != 0)
+            .map(|[key, value]| (key as i64, unpack(value)));
+        BlockTable::filled(buckets, self.len, entries)
     }
 
-    /// A copy holding the entries for which `keep` holds, with room for `more` beyond them: at
-    /// the same size if that leaves the room, else grown.
-    pub(crate) fn purged(&self, more: usize, keep: impl FnMut(i64, Loc) -> bool) -> BlockTable {
-        let table = self.rebuilt(self.buckets.len().max(MIN_BUCKETS), keep);
-        if table.has_room(more) {
-            table
-        } else {
-            table.grown(more)
+    /// A table to replace this one, holding `entries` (each hash once, `len` of them) with room
+    /// for `more` beyond them: this table's size if that leaves the room, else as many times
+    /// doubled as it takes.
+    pub(crate) fn replacement(
+        &self,
+        len: usize,
+        more: usize,
+        entries: impl Iterator<Item = (i64, Loc)>,
+    ) -> BlockTable {
+        BlockTable::filled(buckets_for(len + more, self.buckets.len()), len, entries)
+    }
+
+    /// A table of `buckets` buckets holding `entries` (each hash once, `len` of them).
+    fn filled(buckets: usize, len: usize, entries: impl Iterator<Item = (i64, Loc)>) -> BlockTable {
+        debug_assert!(buckets.is_power_of_two() && !over_max_load(len, buckets));
+        // Written out explicitly rather than allocated zeroed: lazily mapped zero pages would
+        // fault twice each (a probe's read maps the zero page, the insert's write copies it),
+        // at random during the inserts, where writing them in order costs less.
+        let mut new = Vec::with_capacity(buckets);
+        new.resize(buckets, Bucket::default());
+        let mut table = BlockTable {
+            buckets: new,
+            len: 0,
+            shift: 64 - buckets.trailing_zeros(),
+        };
+        for (hash, loc) in entries {
+            assert!(!table.is_full(), "more entries than the {len} counted");
+            table.insert_new(hash, loc);
         }
+        debug_assert_eq!(table.len, len, "entries counted");
+        table
     }
 
     /// Writes the table as its image: the bucket and entry counts, then per run of
@@ -310,27 +330,6 @@ impl BlockTable {
         Ok(table)
     }
 
-    /// A table of `buckets` buckets holding the entries for which `keep` holds.
-    fn rebuilt(&self, buckets: usize, mut keep: impl FnMut(i64, Loc) -> bool) -> BlockTable {
-        debug_assert!(buckets.is_power_of_two());
-        // Written out explicitly rather than allocated zeroed: lazily mapped zero pages would
-        // fault twice each (a probe's read maps the zero page, the insert's write copies it),
-        // at random during the inserts, where writing them in order costs less.
-        let mut new = Vec::with_capacity(buckets);
-        new.resize(buckets, Bucket::default());
-        let mut table = BlockTable {
-            buckets: new,
-            len: 0,
-            shift: 64 - buckets.trailing_zeros(),
-        };
-        for [key, value] in self.buckets.iter().flat_map(|bucket| bucket.0) {
-            if value != 0 && keep(key as i64, unpack(value)) {
-                table.insert_new(key as i64, unpack(value));
-            }
-        }
-        table
-    }
-
     /// Adds `hash`, which the table does not hold.
     fn insert_new(&mut self, hash: i64, loc: Loc) {
         match self.probe(hash) {
@@ -379,10 +378,11 @@ mod tests {
                 model.insert(hash, loc);
                 if retain && i % 7 == 0 {
                     let keep = |hash: i64, loc: Loc| (hash ^ i64::from(loc.chunk)) % 3 != 0;
-                    let more = value as usize % 50;
-                    table = table.purged(more, keep);
-                    prop_assert!(table.has_room(more));
                     model.retain(|&hash, &mut loc| keep(hash, loc));
+                    let more = value as usize % 50;
+                    let kept = model.iter().map(|(&hash, &loc)| (hash, loc));
+                    table = table.replacement(model.len(), more, kept);
+                    prop_assert!(table.has_room(more));
                 }
                 prop_assert_eq!(table.len(), model.len());
             }

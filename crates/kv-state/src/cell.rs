@@ -44,17 +44,24 @@ pub fn write_for(cell: &IndexCell, blocks: usize) -> Writing<'_> {
             stale
         })
     });
-    Writing {
-        index,
-        _retired: retired,
-    }
+    Writing { index, retired }
 }
 
 /// The index's write lock ([`write_for`]), and the block table it replaced, freed after it.
 pub struct Writing<'a> {
     // Fields drop in order: the lock is released before the old table is freed.
     index: RwLockWriteGuard<'a, Index>,
-    _retired: Option<SpareTable>,
+    retired: Option<SpareTable>,
+}
+
+impl Writing<'_> {
+    /// Releases the lock and hands back the table it replaced, if any, for the caller to free
+    /// once it has answered (freeing a large table takes a while).
+    pub fn unlock(self) -> Option<SpareTable> {
+        let Writing { index, retired } = self;
+        drop(index);
+        retired
+    }
 }
 
 impl Deref for Writing<'_> {

@@ -367,9 +367,10 @@ impl Thread {
                     applied.note_live();
                 }
                 let stats = index.stats();
-                drop(index);
+                let retired = index.unlock();
                 crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
                 let _ = reply.send(applied.and_then(Applied::answer));
+                drop(retired);
             }
             Accepted::Other { record, reply } => {
                 let result = apply_record(&mut index, &mut self.meta, &record);

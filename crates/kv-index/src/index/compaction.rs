@@ -1,7 +1,7 @@
 //! Lazy deletion's clean-up: purging stale table entries, trimming and compacting chunks,
 //! freeing empty ones, and compacting reverse holdings.
 
-use super::layout::{Chunk, Holder, Holdings, Piece, Tokens, found_at};
+use super::layout::{Chunk, Holder, Holdings, Piece, Tokens};
 use super::{CHUNK_COMPACTION_SLACK, HOLDINGS_COMPACTION_SLACK, Index};
 use crate::table::BlockTable;
 
@@ -91,9 +91,10 @@ impl Index {
     /// over a quarter of it (and whether it was), else grown.
     fn roomier_table(&self, more: usize) -> (BlockTable, bool) {
         if self.stale > self.table.len() / 4 {
-            let chunks = &self.chunks;
-            let keep = |hash, loc| found_at(chunks, hash, loc).is_some();
-            (self.table.purged(more, keep), true)
+            // The live blocks chunk by chunk: each insert then misses the cache, but judging
+            // each of the table's entries instead (its chunk at the offset) misses more.
+            let live = self.live_blocks();
+            (self.table.replacement(self.blocks, more, live), true)
         } else {
             (self.table.grown(more), false)
         }

@@ -48,8 +48,9 @@ impl Index {
         self.write_image_with(out, &table, 0)
     }
 
-    /// Every live block's hash and where it is stored, chunk by chunk.
-    fn live_blocks(&self) -> impl Iterator<Item = (i64, Loc)> + '_ {
+    /// Every live block's hash and where it is stored, chunk by chunk: a table built afresh
+    /// (here, and a purge's in `compaction`).
+    pub(super) fn live_blocks(&self) -> impl Iterator<Item = (i64, Loc)> + '_ {
         self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
             let live = chunk
                 .pieces

@@ -214,7 +214,7 @@ impl Applier {
                 let applied = apply_record(&mut index, &mut self.meta, &record);
                 drop(abort);
                 let stats = index.stats();
-                (applied, stats)
+                (applied, stats, index.unlock())
             });
         self.next = entry.position + 1;
         self.last_origin = Some(entry.origin.clone());
@@ -224,7 +224,7 @@ impl Applier {
             .and_then(|rest| rest.strip_prefix(':'))
             .and_then(|number| number.parse::<u64>().ok());
         match result {
-            Ok((applied, stats)) => {
+            Ok((applied, stats, retired)) => {
                 crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
                 match &applied {
                     Ok(applied) => applied.note_live(),
@@ -235,6 +235,7 @@ impl Applier {
                 if let Some(number) = waiter {
                     self.waiters.applied(number, Outcome::Applied(applied));
                 }
+                drop(retired);
             }
             Err(why) => {
                 self.skip(&entry, &why);
