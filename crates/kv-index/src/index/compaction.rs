@@ -114,28 +114,31 @@ impl Index {
         Some(SpareTable {
             table,
             purged,
-            changes: self.changes,
+            built_from: Some(self.identity()),
         })
     }
 
-    /// Swaps in a table from [`Index::table_for`] if the index has not changed since it was
-    /// built: `Ok` with the table it replaced (drop it after the lock: freeing a large table
-    /// takes a while), or `Err` with `spare` itself, stale, and nothing changed.
+    /// Swaps in a table from [`Index::table_for`] if it was built from this index as it is
+    /// (no change since): `Ok` with the table it replaced (drop it after the lock: freeing a
+    /// large table takes a while), or `Err` with `spare` itself, and nothing changed.
     pub fn install_table(&mut self, mut spare: SpareTable) -> Result<SpareTable, SpareTable> {
-        if spare.changes != self.changes {
+        if spare.built_from != Some(self.identity()) {
             return Err(spare);
         }
         std::mem::swap(&mut self.table, &mut spare.table);
         if spare.purged {
             self.stale = 0;
         }
-        spare.changes = RETIRED;
+        spare.built_from = None;
         Ok(spare)
     }
-}
 
-/// `SpareTable::changes` of a table taken out of the index, never installable.
-const RETIRED: u64 = u64::MAX;
+    /// This index as it is: its count of changes, and where its table is (no two live tables
+    /// share an address, so another index with as many changes differs in it).
+    fn identity(&self) -> (u64, usize) {
+        (self.changes, self.table.memory().start)
+    }
+}
 
 /// A block table outside the index: one built for it ([`Index::table_for`]), or the one it
 /// replaced.
@@ -143,8 +146,9 @@ const RETIRED: u64 = u64::MAX;
 pub struct SpareTable {
     table: BlockTable,
     purged: bool,
-    /// [`Index::changes`] when it was built.
-    changes: u64,
+    /// The identity of the index it was built from, as it was then; `None` for a table taken
+    /// out of an index, never installed again.
+    built_from: Option<(u64, usize)>,
 }
 
 impl SpareTable {
@@ -236,6 +240,16 @@ mod tests {
         assert_eq!(index.stale, 0);
         index.check_invariants();
         assert!(index.match_kv(&[950]).is_ok_and(|m| m.len() == 1));
+    }
+
+    #[test]
+    fn a_table_built_from_another_index_is_refused() {
+        let mut one = Index::new();
+        let mut other = Index::new();
+        one.apply(&change("w", 1, 0..100));
+        other.apply(&change("w", 1, 0..100));
+        let spare = one.table_for(1000).expect("1000 more do not fit");
+        assert!(other.install_table(spare).is_err(), "as many changes, not the same index");
     }
 
     #[test]

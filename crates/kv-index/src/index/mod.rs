@@ -87,7 +87,8 @@ pub struct Index {
     blocks: usize,
     /// Table entries known to be stale (an estimate: it only decides when to purge).
     stale: usize,
-    /// Applies so far: a [`SpareTable`] is installed only into the index it was built from.
+    /// Applies so far: a [`SpareTable`] is installed only into the index it was built from, as
+    /// it was then.
     changes: u64,
 }
 
