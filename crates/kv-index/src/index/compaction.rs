@@ -249,7 +249,10 @@ mod tests {
         one.apply(&change("w", 1, 0..100));
         other.apply(&change("w", 1, 0..100));
         let spare = one.table_for(1000).expect("1000 more do not fit");
-        assert!(other.install_table(spare).is_err(), "as many changes, not the same index");
+        assert!(
+            other.install_table(spare).is_err(),
+            "as many changes, not the same index"
+        );
     }
 
     #[test]
