@@ -133,26 +133,12 @@ fn a_replica_cut_off_from_its_log_shows_the_lag_and_logs_the_outage_sparingly() 
     .stderr(std::fs::File::create(&logs).unwrap())
     .spawn()
     .unwrap();
-    let metric = |text: &str, name: &str| -> Option<f64> {
-        text.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-    };
-    let wait_for = |what: &str, done: &dyn Fn(&str) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(text) = scrape(admin_addr).filter(|text| done(text)) {
-                return text;
-            }
-            assert!(Instant::now() < deadline, "{what} within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    wait_for("SERVING", &|text| {
+    wait_for(admin_addr, "SERVING", &|text| {
         metric(text, "kv_indexer_serving") == Some(1.0)
     });
     redis.kill();
     let down = Instant::now();
-    let text = wait_for("the lag past 2 s", &|text| {
+    let text = wait_for(admin_addr, "the lag past 2 s", &|text| {
         metric(text, "kv_indexer_fleet_lag_seconds").is_some_and(|lag| lag > 2.0)
     });
     assert_eq!(metric(&text, "kv_indexer_serving"), Some(0.0), "{text}");
@@ -169,6 +155,82 @@ fn a_replica_cut_off_from_its_log_shows_the_lag_and_logs_the_outage_sparingly() 
         (1..=6).contains(&lines),
         "{lines} lines about the outage:\n{log}"
     );
+}
+
+/// A change that needs a bigger block table gets it built before the change, beside queries:
+/// a single server's writer and a replica's applier take their lock through
+/// `kv_state::cell::write_for`, the one place that counts such a rebuild.
+#[tokio::test]
+async fn the_writer_builds_a_bigger_table_before_the_change_that_needs_it() {
+    rebuilds_are_counted(&[]).await;
+    if let Some(redis) = kv_testkit::redis::RedisServer::start(false) {
+        rebuilds_are_counted(&[("KV_INDEXER_EVENT_LOG", &redis.url())]).await;
+    }
+}
+
+async fn rebuilds_are_counted(variables: &[(&str, &str)]) {
+    let (grpc, admin) = (Port::reserve(), Port::reserve());
+    let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
+    drop((grpc, admin));
+    let _server = KilledOnDrop(
+        server(&[
+            ("KV_INDEXER_LISTEN_ADDR", &grpc_addr.to_string()),
+            ("KV_INDEXER_METRICS_ADDR", &admin_addr.to_string()),
+        ])
+        .envs(variables.iter().copied())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    wait_for(admin_addr, "SERVING", &|text| {
+        metric(text, "kv_indexer_serving") == Some(1.0)
+    });
+    let mut client = kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient::connect(format!(
+        "http://{grpc_addr}"
+    ))
+    .await
+    .unwrap();
+    let rebuilds = || {
+        metric(
+            &scrape(admin_addr).unwrap(),
+            "kv_indexer_table_rebuilds_total",
+        )
+    };
+    assert_eq!(rebuilds(), Some(0.0), "{variables:?}");
+    // The first REPORT needs a table, the second one four times as big.
+    for (hashes, expected) in [(0..1000, 1.0), (1000..5000, 2.0)] {
+        let report = kv_testkit::indexer::report_request("w", hashes.collect());
+        client.apply_external_kv_batch(report).await.unwrap();
+        assert_eq!(rebuilds(), Some(expected), "{variables:?}");
+    }
+}
+
+/// A child process killed when dropped, a failed assertion's unwinding included.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The value of an unlabelled series in a `/metrics` text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The server's `/metrics` once `done` holds for it, within 30 s.
+fn wait_for(admin: std::net::SocketAddr, what: &str, done: &dyn Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(text) = scrape(admin).filter(|text| done(text)) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what} within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The server binary with these variables (and `RUST_LOG=info`), none inherited from the
