@@ -78,39 +78,31 @@ impl Index {
     /// and grows it when it is still full. A caller that locks the index avoids this rebuild
     /// under its write lock with [`Index::table_for`].
     pub(super) fn make_room(&mut self) {
-        if self.table.is_full() {
-            let (table, purged) = self.roomier_table(1);
-            self.table = table;
-            if purged {
-                self.stale = 0;
-            }
+        if let Some(spare) = self.table_for(1) {
+            self.install_table(spare)
+                .expect("a table built from this index just now");
         }
     }
 
-    /// The table rebuilt with room for `more` entries: purged of stale entries when they are
-    /// over a quarter of it (and whether it was), else grown.
-    fn roomier_table(&self, more: usize) -> (BlockTable, bool) {
-        if self.stale > self.table.len() / 4 {
-            // The live blocks chunk by chunk: each insert then misses the cache, but judging
-            // each of the table's entries instead (its chunk at the offset) misses more.
-            let live = self.live_blocks();
-            (self.table.replacement(self.blocks, more, live), true)
-        } else {
-            (self.table.grown(more), false)
-        }
-    }
-
-    /// The block table a change adding at most `blocks` new blocks would rebuild (grown, or
-    /// purged of stale entries), built now from `&self`; `None` when it has the room. A caller
-    /// holding the index behind a lock builds it under a read lock and swaps it in with
-    /// [`Index::install_table`] under the write lock, just before the change: readers go on
-    /// meanwhile, where a rebuild inside the change would hold them for its whole length (it
-    /// touches every entry: seconds at 100 M placements).
+    /// The block table a change adding at most `blocks` new blocks would rebuild, built now
+    /// from `&self`: purged of stale entries when they are over a quarter of it, else grown;
+    /// `None` when it has the room. A caller holding the index behind a lock builds it under a
+    /// read lock and swaps it in with [`Index::install_table`] under the write lock, just
+    /// before the change: readers go on meanwhile, where a rebuild inside the change would
+    /// hold them for its whole length (it touches every entry: seconds at 100 M placements).
     pub fn table_for(&self, blocks: usize) -> Option<SpareTable> {
         if self.table.has_room(blocks) {
             return None;
         }
-        let (table, purged) = self.roomier_table(blocks);
+        let purged = self.stale > self.table.len() / 4;
+        let table = if purged {
+            // The live blocks chunk by chunk: each insert then misses the cache, but judging
+            // each of the table's entries instead (its chunk at the offset) misses more.
+            self.table
+                .replacement(self.blocks, blocks, self.live_blocks())
+        } else {
+            self.table.grown(blocks)
+        };
         Some(SpareTable {
             table,
             purged,
@@ -133,8 +125,9 @@ impl Index {
         Ok(spare)
     }
 
-    /// This index as it is: its count of changes, and where its table is (no two live tables
-    /// share an address, so another index with as many changes differs in it).
+    /// This index as it is: its count of changes, and where its table is (no two allocated
+    /// tables share an address, so another index with as many changes differs in it; empty
+    /// tables all have one, but a table built from an empty one holds nothing either).
     fn identity(&self) -> (u64, usize) {
         (self.changes, self.table.memory().start)
     }
