@@ -325,7 +325,7 @@ def main():
     ap.add_argument("--during-s", type=float, default=2.5)
     args = ap.parse_args()
     cases = ft.selected(ap, args.only, [*CASES, *(name for name, _, _ in SPECIAL_CASES)])
-    ft.build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools", "kv-indexer-router")
+    ft.build(args, "sgl-kv-indexer", "kv-indexer-tools", "kv-indexer-router")
     logs_root = tempfile.mkdtemp(prefix="kv-crash-tests-")
     signal.signal(signal.SIGTERM, lambda s, _f: (ft.stop_all(), sys.exit(128 + s)))
     rows, failed = [], False

@@ -49,7 +49,7 @@ if [[ -n "${DEMO_BIN:-}" ]]; then
   BIN=$DEMO_BIN
 else
   echo "building (release)…"
-  cargo build --release -q -p sgl-kv-indexer -p kv-indexer-sim
+  cargo build --release -q -p sgl-kv-indexer
   BIN=target/release
 fi
 

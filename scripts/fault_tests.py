@@ -538,7 +538,7 @@ def main():
     args = ap.parse_args()
     faults = selected(ap, args.only, FAULTS, "fault")
 
-    build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools")
+    build(args, "sgl-kv-indexer", "kv-indexer-tools")
     logs_root = tempfile.mkdtemp(prefix="kv-fault-tests-")
 
     def on_signal(signum, _frame):

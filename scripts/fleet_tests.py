@@ -418,7 +418,7 @@ def main():
     cases = ft.selected(ap, args.only, CASES)
     if not shutil.which("redis-server"):
         ap.error("redis-server is not installed: run scripts/install_redis.sh")
-    ft.build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools", "kv-indexer-router")
+    ft.build(args, "sgl-kv-indexer", "kv-indexer-tools", "kv-indexer-router")
     logs_root = tempfile.mkdtemp(prefix="kv-fleet-tests-")
     signal.signal(signal.SIGTERM, lambda s, _f: (ft.stop_all(), sys.exit(128 + s)))
     rows, failed = ft.run_cases(cases, CASES.get, lambda name, k: run_case(args, name, logs_root, args.seed + k))

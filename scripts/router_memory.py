@@ -7,7 +7,7 @@ cost) with a bridge each, and the router with the Indexer as its cache signal. S
 from a few keep-alive connections, never asks the router for /metrics, and samples the
 router's resident memory (VmRSS of /proc/<pid>/status) every `--every` requests.
 
-    cargo build --release -p sgl-kv-indexer -p kv-indexer-sim -p kv-indexer-router
+    cargo build --release -p sgl-kv-indexer -p kv-indexer-router
     scripts/router_memory.py [--requests 100000] [--every 10000] [--bin-dir target/release]
 
 Python 3.11, standard library only. Linux (reads /proc). Ports: --base-port and up.

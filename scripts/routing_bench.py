@@ -509,7 +509,7 @@ def add_fleet_arguments(p):
 
 
 def build():
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer", "-p", "kv-indexer-sim",
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "sgl-kv-indexer",
                     "-p", "kv-indexer-router"], cwd=ROOT, check=True)
 
 

@@ -47,7 +47,7 @@ def main():
                    stable_s=4.0, deadline_s=60.0, poll_s=0.5, seed=11)
     args = ap.parse_args()
 
-    build(args, "sgl-kv-indexer", "kv-indexer-sim", "kv-indexer-tools")
+    build(args, "sgl-kv-indexer", "kv-indexer-tools")
     logs = tempfile.mkdtemp(prefix="kv-soak-")
     metrics_port = args.base_port + 1
     metrics_url = f"http://{fault_tests.HOST}:{metrics_port}/metrics"

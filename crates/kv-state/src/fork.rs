@@ -236,9 +236,9 @@ fn child_main(
             libc::_exit(3);
         }
         if keep > 3 {
-            libc::close_range(3, keep - 1, 0);
+            close_from_to(3, keep - 1);
         }
-        libc::close_range(keep + 1, libc::c_uint::MAX, 0);
+        close_from_to(keep + 1, libc::c_uint::MAX);
         // The parent's handlers write to its signal pipes; a Ctrl-C or SIGTERM ends the child.
         for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
             libc::signal(signal, libc::SIG_DFL);
@@ -268,6 +268,36 @@ fn child_main(
     };
     // SAFETY: ends the child at once, running no destructor and no exit handler of the parent.
     unsafe { libc::_exit(code) }
+}
+
+/// Closes the descriptors `first..=last`: the `close_range` system call (Linux 5.9) made
+/// directly, since glibc exports its wrapper only from 2.34 and the wheel targets 2.17; on an
+/// older kernel (ENOSYS), one `close` each up to the descriptor limit.
+///
+/// # Safety
+/// Closes descriptors others may hold: only for a child after `fork`, which shares no thread.
+unsafe fn close_from_to(first: libc::c_uint, last: libc::c_uint) {
+    // SAFETY: the caller's; the call takes no pointer.
+    let done = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_uint) };
+    if done == 0 {
+        return;
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` outlives the call that writes it.
+    let known = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    let open_max = if known {
+        limit.rlim_cur.min(1 << 20)
+    } else {
+        1 << 16
+    };
+    let end = u64::from(last).min(open_max.saturating_sub(1));
+    for fd in u64::from(first)..=end {
+        // SAFETY: the caller's; EBADF for a descriptor that is not open is harmless.
+        unsafe { libc::close(fd as libc::c_int) };
+    }
 }
 
 #[cfg(test)]

@@ -3,9 +3,9 @@
 //! replica's index, a restarted or new replica catches up (from its own snapshot, or a
 //! published one after the stream was trimmed), a lost log (`FLUSHALL`) makes every replica
 //! start over, an engine outage refuses applies but keeps answering queries until the lag
-//! bound, worker expiry is decided once, and a property test: applies sent to random replicas
-//! leave every replica equal to one index given the same applies in the order they were
-//! answered.
+//! bound, an idle fleet costs the engine a few commands a second, worker expiry is decided
+//! once, and a property test: applies sent to random replicas leave every replica equal to one
+//! index given the same applies in the order they were answered.
 
 mod common;
 
@@ -126,6 +126,71 @@ async fn replicas_converge_and_an_answered_apply_is_already_in_the_answering_rep
     b.apply(revoke.clone()).await.unwrap();
     sent.push(revoke);
     converge(&[&a, &b], &reference(&sent)).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The commands the engine has answered since its statistics were last reset
+/// (`INFO commandstats`: `cmdstat_<name>:calls=<n>,…` per command).
+fn engine_calls(redis: &RedisServer) -> Vec<(String, u64)> {
+    let info = match redis.command(&["INFO", "commandstats"]) {
+        redis::Value::BulkString(bytes) => String::from_utf8(bytes).unwrap(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO answered {other:?}"),
+    };
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// An idle fleet waits in the engine: two replicas at the stream's head, with no traffic,
+/// cost the engine a few commands a second each (a blocking read per 100 ms, the upkeep once
+/// a second), not a read answered at once in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_fleet_costs_the_engine_a_few_commands_a_second_per_replica() {
+    let Some(redis) = RedisServer::start(true) else {
+        return;
+    };
+    let a = serving(&redis, ReplicaSettings::default()).await;
+    let b = serving(&redis, ReplicaSettings::default()).await;
+    let sent: Vec<_> = (0..4)
+        .map(|i| report(&format!("w{i}"), &[i, i + 1]))
+        .collect();
+    for (i, request) in sent.iter().enumerate() {
+        let replica = if i % 2 == 0 { &a } else { &b };
+        replica.apply(request.clone()).await.unwrap();
+    }
+    converge(&[&a, &b], &reference(&sent)).await;
+    redis.command(&["CONFIG", "RESETSTAT"]);
+    let idle = Duration::from_secs(3);
+    let start = std::time::Instant::now();
+    tokio::time::sleep(idle).await;
+    let calls = engine_calls(&redis);
+    let seconds = start.elapsed().as_secs_f64();
+    let total: u64 = calls.iter().map(|(_, n)| n).sum();
+    let per_replica_per_second = total as f64 / seconds / 2.0;
+    eprintln!(
+        "idle for {seconds:.1} s: {per_replica_per_second:.1} commands/s per replica: {calls:?}"
+    );
+    assert!(
+        per_replica_per_second <= 20.0,
+        "an idle replica costs the engine {per_replica_per_second:.1} commands/s (at most 20): {calls:?}"
+    );
+    // Still live: an apply after the idle interval reaches both.
+    let late = report("w-late", &[99]);
+    b.apply(late.clone()).await.unwrap();
+    let mut all = sent.clone();
+    all.push(late);
+    converge(&[&a, &b], &reference(&all)).await;
     a.stop().await;
     b.stop().await;
 }

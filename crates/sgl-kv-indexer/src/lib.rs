@@ -1,4 +1,4 @@
-//! What the four binaries share: the version they report (`--version`) and export
+//! What the five binaries share: the version they report (`--version`) and export
 //! (`kv_indexer_build_info`). The binaries themselves are thin mains over their libraries.
 
 use clap::{CommandFactory, FromArgMatches};

@@ -1,8 +1,9 @@
 //! The applier: reads the shared stream (`XREAD BLOCK` from its position: no consumer group,
 //! every replica needs every entry) and applies every entry in order, fencing in log order so
-//! that every replica decides alike, and answers the jobs this replica appended. Each read
-//! overlaps the last entry applied, to notice a log that lost entries and refilled their
-//! positions. Its bootstrap and its upkeep are `bootstrap` and `maintenance`.
+//! that every replica decides alike, and answers the jobs this replica appended. Before it
+//! applies what a read brought (and once a second when idle) it reads the last entry applied
+//! again, to notice a log that lost entries and refilled their positions; the blocking read
+//! itself starts past it, so that an idle replica waits in the engine. Its bootstrap and its upkeep are `bootstrap` and `maintenance`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,7 +43,7 @@ pub(super) struct Applier {
     pub(super) next: u64,
     /// Ready once `next` reaches this (the tail as of the bootstrap); none: not bootstrapped.
     pub(super) ready_at: Option<u64>,
-    /// The origin of the entry last applied (at `next - 1`), checked on every read.
+    /// The origin of the entry last applied (at `next - 1`), checked before each new entry.
     pub(super) last_origin: Option<String>,
     /// Bumped at every bootstrap: a snapshot built before one is thrown away.
     pub(super) generation: u64,
@@ -61,6 +62,8 @@ pub(super) struct Applier {
     pub(super) building: Option<JoinHandle<Result<(u64, Base), StateError>>>,
     pub(super) last_snapshot: Instant,
     pub(super) last_upkeep: Option<Instant>,
+    /// When the entry last applied was last read again (none: at the next read).
+    pub(super) last_overlap_check: Option<Instant>,
     pub(super) last_sweep: Instant,
     pub(super) lease: bool,
     pub(super) expiry_guard: ExpiryGuard,
@@ -145,6 +148,7 @@ impl Applier {
             self.stream = Some(self.config.connect()?);
             // A reconnect may find another history: check at once.
             self.last_upkeep = None;
+            self.last_overlap_check = None;
         }
         if self.ready_at.is_none() {
             self.bootstrap()?;
@@ -154,25 +158,21 @@ impl Applier {
             self.last_upkeep = Some(Instant::now());
         }
         let stream = self.stream.as_mut().expect("connected above");
-        // One entry of overlap: the last one applied must still be there, with the same
-        // origin, or the log lost it (a failover without persistence) and others refilled
-        // the position.
-        let overlap = self.last_origin.is_some() && self.next > 0;
-        let from = self.next - u64::from(overlap);
-        let mut entries = stream.read_from(from, READ_COUNT, Some(READ_BLOCK))?;
+        // Blocks in the engine until an entry past the last one applied exists (an idle
+        // replica costs one read per READ_BLOCK). The entry last applied is checked apart.
+        let entries = stream.read_from(self.next, READ_COUNT, Some(READ_BLOCK))?;
         let read_at = now_ms();
-        if overlap && entries.first().is_some_and(|e| e.position == from) {
-            let seen = entries.remove(0);
-            if Some(&seen.origin) != self.last_origin.as_ref() {
-                self.note_rollback(from);
-                return Err(Restart::Rebootstrap(format!(
-                    "the entry at position {from} is now {}'s, not {}'s: the engine lost entries and others took their places",
-                    seen.origin,
-                    self.last_origin.as_deref().unwrap_or("?")
-                )));
-            }
+        // Before applying anything new, and once an upkeep when idle: the last entry applied
+        // must still be there, with the same origin, or the log lost it (a failover without
+        // persistence) and others refilled the position.
+        if !entries.is_empty()
+            || self
+                .last_overlap_check
+                .is_none_or(|at| at.elapsed() >= UPKEEP)
+        {
+            self.check_last_applied()?;
         }
-        let count = entries.len() + usize::from(overlap);
+        let count = entries.len();
         for entry in entries {
             if entry.position != self.next {
                 return Err(Restart::Rebootstrap(format!(
@@ -202,6 +202,28 @@ impl Applier {
             );
         }
         Ok(())
+    }
+
+    /// Reads the entry at `next - 1` again: a rollback when another replica's entry took its
+    /// place (one the log lost entirely is the upkeep's, which compares the stream's tail).
+    fn check_last_applied(&mut self) -> Result<(), Restart> {
+        self.last_overlap_check = Some(Instant::now());
+        let (Some(origin), Some(last)) = (&self.last_origin, self.next.checked_sub(1)) else {
+            return Ok(());
+        };
+        let stream = self.stream.as_mut().expect("connected");
+        let seen = stream.read_from(last, 1, None)?;
+        match seen.first() {
+            Some(entry) if entry.position == last && entry.origin != *origin => {
+                let now = entry.origin.clone();
+                let was = origin.clone();
+                self.note_rollback(last);
+                Err(Restart::Rebootstrap(format!(
+                    "the entry at position {last} is now {now}'s, not {was}'s: the engine lost entries and others took their places"
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Applies one entry and answers its job, if this replica accepted it.

@@ -103,6 +103,7 @@ pub fn start(
         building: None,
         last_snapshot: Instant::now(),
         last_upkeep: None,
+        last_overlap_check: None,
         last_sweep: Instant::now(),
         lease: false,
         expiry_guard: Default::default(),

@@ -1,7 +1,7 @@
-//! `kv-indexer-sim`: a simulated SGLang worker (see the library's documentation).
+//! `kv-indexer-sim`: a simulated SGLang (or vLLM) worker, for the demo and the tests (see the
+//! `kv-indexer-sim` library's documentation). In this package so that the wheel carries it.
 
 use anyhow::Context;
-use clap::Parser;
 use kv_common::signal;
 use kv_indexer_sim::{Args, Config, Listeners, Worker};
 use tracing::info;
@@ -9,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = Config::from_args(Args::parse())?;
+    let config = Config::from_args(sgl_kv_indexer::parse_args::<Args>())?;
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
