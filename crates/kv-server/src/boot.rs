@@ -38,18 +38,19 @@ pub async fn boot(shared: &Arc<Shared>, config: &Config) -> Result<(), StateErro
     Ok(())
 }
 
-/// Starts the state's periodic jobs and, for a replica, the health watch, until `stop`.
+/// Starts the state's periodic jobs and, for a replica or a server with a state directory,
+/// the health watch, until `stop`.
 pub fn spawn_maintenance(shared: Arc<Shared>, config: &Config, stop: CancellationToken) {
     if let Ok(writer) = shared.writer() {
         kv_state::open::spawn_ticks(writer.clone(), &config.state, stop.clone());
     }
-    if config.state.fleet.is_some() {
+    if config.state.fleet.is_some() || config.state.dir.is_some() {
         tokio::spawn(watch_health(shared, stop));
     }
 }
 
-/// A replica's readiness and freshness change on its applier's thread: publishes health when
-/// they do (checked every 100 ms).
+/// A replica's readiness and freshness change on its applier's thread, a state directory's
+/// writability on the writer's: publishes health when they do (checked every 100 ms).
 async fn watch_health(shared: Arc<Shared>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut serving = None;
@@ -62,7 +63,7 @@ async fn watch_health(shared: Arc<Shared>, stop: CancellationToken) {
             // Set here, not by the applier's reads: it must rise while the engine is down.
             kv_state::observe::fleet_lag(freshness.lag_ms());
         }
-        let now = shared.check_fresh().is_ok();
+        let now = shared.is_serving();
         if serving != Some(now) {
             serving = Some(now);
             shared.publish_health().await;

@@ -65,7 +65,8 @@ fn state_code(error: &ChangeError) -> Code {
         | ChangeError::EventLog(_)
         | ChangeError::LogReset
         | ChangeError::WriterGone
-        | ChangeError::LogUnwritable(_) => Code::Unavailable,
+        | ChangeError::LogUnwritable(_)
+        | ChangeError::DiskFull(_) => Code::Unavailable,
     }
 }
 

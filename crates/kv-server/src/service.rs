@@ -151,11 +151,30 @@ impl Shared {
         &self.health
     }
 
-    /// Publishes SERVING or NOT_SERVING (overall and for the `KVIndexer` service) as the
-    /// readiness now says.
+    /// Why applies are refused now because the state directory cannot be written (its disk
+    /// is full, or a write failed for good); none while it takes them (or there is none).
+    pub fn unwritable(&self) -> Option<String> {
+        let state = self.writer.get()?.write_state();
+        state
+            .refusal()
+            .map(|refusal| kv_common::error_chain(&refusal))
+    }
+
+    /// Whether health says SERVING: queries may be answered ([`Shared::check_fresh`]) and the
+    /// state takes applies. A server whose disk is full still answers queries, from an index
+    /// that stops following its workers, so health says NOT_SERVING (as etcd's health does
+    /// under its NOSPACE alarm): its operator and orchestrator see it, while routers, whose
+    /// client does not consult health, keep their answers. A replica writes its changes to the
+    /// shared log, not its disk, so it never is.
+    pub fn is_serving(&self) -> bool {
+        self.check_fresh().is_ok() && self.unwritable().is_none()
+    }
+
+    /// Publishes SERVING or NOT_SERVING (overall and for the `KVIndexer` service) as
+    /// [`Shared::is_serving`] now says.
     pub async fn publish_health(&self) {
         let _serialized = self.health_update.lock().await;
-        let status = if self.check_fresh().is_ok() {
+        let status = if self.is_serving() {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing

@@ -22,6 +22,35 @@ use crate::snapshot::{self, Built};
 /// The longest a `batch`-synced record waits for its fdatasync.
 pub const BATCH_SYNC_BOUND: Duration = Duration::from_millis(5);
 
+/// Whether the state directory takes changes.
+#[derive(Debug, Clone, Default)]
+pub enum WriteState {
+    #[default]
+    Writable,
+    /// Its disk is full (ENOSPC, EDQUOT): applies are refused, each new one retries the write,
+    /// and the first that succeeds ends this. Queries are answered.
+    DiskFull(Arc<StateError>),
+    /// A write or an fdatasync failed otherwise: nothing more is accepted, and the server
+    /// stops so that a restart recovers from the log (a failed sync is not retried: what it
+    /// did not write back is unknown).
+    Failed(Arc<StateError>),
+}
+
+impl WriteState {
+    /// Why changes are refused; none when writable.
+    pub fn refusal(&self) -> Option<crate::error::ChangeError> {
+        use crate::error::ChangeError;
+        match self {
+            WriteState::Writable => None,
+            WriteState::DiskFull(error) => Some(ChangeError::DiskFull(error.clone())),
+            WriteState::Failed(error) => Some(ChangeError::LogUnwritable(error.clone())),
+        }
+    }
+}
+
+/// Where the writer and the syncer say what [`WriteState`] the directory is in.
+pub(crate) type WriteStatus = Arc<tokio::sync::watch::Sender<WriteState>>;
+
 /// The log, its directory and the snapshot in progress.
 pub struct Durable {
     pub(crate) dir: StateDir,
@@ -32,6 +61,7 @@ pub struct Durable {
     pub(crate) snapshot_position: u64,
     pub(crate) method: SnapshotMethod,
     pub(crate) building: Option<Building>,
+    pub(crate) status: WriteStatus,
 }
 
 /// A snapshot being built: the thread that builds it or waits for its child, and the child.
@@ -50,7 +80,9 @@ impl Durable {
         policy: SyncPolicy,
         method: SnapshotMethod,
     ) -> Durable {
-        let syncer = (policy == SyncPolicy::Batch).then(|| Syncer::start(dir.path().to_path_buf()));
+        let status: WriteStatus = Arc::new(tokio::sync::watch::Sender::new(WriteState::Writable));
+        let syncer = (policy == SyncPolicy::Batch)
+            .then(|| Syncer::start(dir.path().to_path_buf(), status.clone()));
         Durable {
             dir,
             log,
@@ -59,6 +91,7 @@ impl Durable {
             snapshot_position,
             method,
             building: None,
+            status,
         }
     }
 
@@ -91,7 +124,7 @@ struct SyncState {
 }
 
 impl Syncer {
-    fn start(dir: PathBuf) -> Syncer {
+    fn start(dir: PathBuf, status: WriteStatus) -> Syncer {
         let shared = Arc::new(SyncState {
             file: Mutex::new(None),
             dirty: AtomicBool::new(false),
@@ -109,7 +142,11 @@ impl Syncer {
                         && let Some(file) = state.file.lock().clone()
                         && let Err(error) = file.sync_data()
                     {
-                        error!(%error, dir = %dir.display(), "fdatasync of the log failed");
+                        let error = StateError::Log(crate::log::io("syncing", &dir)(error));
+                        let reason = kv_common::error_chain(&error);
+                        error!(%reason, "fdatasync of the log failed: refusing changes and stopping");
+                        status.send_replace(WriteState::Failed(Arc::new(error)));
+                        return;
                     }
                 }
             });

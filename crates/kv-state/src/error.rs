@@ -39,6 +39,11 @@ pub enum StateError {
 }
 
 impl StateError {
+    /// Whether a write found the state directory's disk full ([`LogError::is_disk_full`]).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, StateError::Log(error) if error.is_disk_full())
+    }
+
     /// Whether the files themselves are bad (the operator may choose to start empty).
     pub fn is_corruption(&self) -> bool {
         matches!(
@@ -95,4 +100,8 @@ pub enum ChangeError {
     WriterGone,
     #[error("the log cannot be written; changes are refused until the server restarts")]
     LogUnwritable(#[source] Arc<StateError>),
+    #[error(
+        "the disk of the state directory (KV_INDEXER_STATE_DIR) is full: changes are refused until a write succeeds (each one retries); queries are answered"
+    )]
+    DiskFull(#[source] Arc<StateError>),
 }

@@ -52,6 +52,21 @@ pub enum LogError {
     Gap { first: u64, wanted: u64 },
 }
 
+impl LogError {
+    /// Whether this is a write that found no room (ENOSPC, or EDQUOT: over a quota): the
+    /// state directory's disk is full, which passes once room is made. A failed sync never is
+    /// (what it failed to write back is unknown, so it is not retried).
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            LogError::Io { op, source, .. } => {
+                *op != "syncing"
+                    && matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+            }
+            _ => false,
+        }
+    }
+}
+
 pub(crate) fn io<'a>(
     op: &'static str,
     path: &'a Path,
@@ -270,6 +285,8 @@ pub struct FileLog {
     file: File,
     path: PathBuf,
     end: u64,
+    /// The segment's length up to its last whole record: a failed append is cut back to it.
+    len: u64,
     buffer: Vec<u8>,
 }
 
@@ -298,6 +315,7 @@ impl FileLog {
             file,
             path: newest.path.clone(),
             end,
+            len: good_len,
             buffer: Vec::new(),
         };
         log.file
@@ -318,7 +336,12 @@ impl FileLog {
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&VERSION.to_le_bytes());
         header.extend_from_slice(&first.to_le_bytes());
-        file.write_all(&header).map_err(io("writing", &path))?;
+        if let Err(error) = file.write_all(&header) {
+            // A header that did not fit (a full disk): gone, so that a later rotation can
+            // create the segment again.
+            let _ = std::fs::remove_file(&path);
+            return Err(io("writing", &path)(error));
+        }
         file.sync_data().map_err(io("syncing", &path))?;
         sync_dir(dir)?;
         Ok(FileLog {
@@ -326,6 +349,7 @@ impl FileLog {
             file,
             path,
             end: first,
+            len: HEADER_LEN,
             buffer: Vec::new(),
         })
     }
@@ -366,9 +390,16 @@ impl EventLog for FileLog {
         for record in records {
             frame(record, &mut self.buffer);
         }
-        self.file
-            .write_all(&self.buffer)
-            .map_err(io("appending to", &self.path))?;
+        if let Err(error) = self.file.write_all(&self.buffer) {
+            // Part of the group may be in the file (a disk that filled mid-write): cut back
+            // to the last whole record, so that the next append follows it.
+            self.file
+                .set_len(self.len)
+                .and_then(|()| self.file.seek(SeekFrom::Start(self.len)))
+                .map_err(io("cutting a failed append from", &self.path))?;
+            return Err(io("appending to", &self.path)(error));
+        }
+        self.len += self.buffer.len() as u64;
         self.end += records.len() as u64;
         Ok(first)
     }

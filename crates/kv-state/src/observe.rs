@@ -80,6 +80,10 @@ const GAUGES: &[(&str, &str)] = &[
         "Seconds since this replica last knew it had applied the whole shared log (rises while the engine is unreachable)",
     ),
     (
+        "kv_indexer_state_unwritable",
+        "1 while applies are refused because the state directory cannot be written (its disk is full); retried with each change",
+    ),
+    (
         "kv_indexer_fleet_lag_entries",
         "Shared-log entries not yet applied by this replica, at its last read",
     ),
@@ -133,6 +137,11 @@ pub fn snapshot_failed(error: Option<&crate::error::StateError>) {
         }
         None => tracing::warn!("the snapshot thread panicked"),
     }
+}
+
+/// Whether applies are refused for a state directory that cannot be written.
+pub fn state_unwritable(refused: bool) {
+    metrics::gauge!("kv_indexer_state_unwritable").set(if refused { 1.0 } else { 0.0 });
 }
 
 /// The index's sizes, with the live workers counted from the workers' meta.

@@ -25,10 +25,10 @@ use tracing::{error, warn};
 use crate::apply::{Applied, apply_admitted, apply_record};
 use crate::cell::{AbortOnPanic, IndexCell};
 use crate::clock::now_ms;
-use crate::durable::{Building, Durable, build_snapshot, prune, write_snapshot};
+use crate::durable::{Building, Durable, WriteState, build_snapshot, prune, write_snapshot};
 use crate::error::{ChangeError, StateError};
 use crate::log::EventLog;
-use crate::meta::{ExpiryGuard, Gate, Meta, admit, due_for_expiry};
+use crate::meta::{ExpiryGuard, Gate, Meta, WorkerMeta, admit, due_for_expiry};
 use crate::record::{Change, Record};
 use crate::settings::SnapshotMethod;
 use crate::snapshot::TableImage;
@@ -58,6 +58,8 @@ pub struct Writer {
     jobs: mpsc::Sender<Job>,
     /// Whether changes are logged (a state directory).
     logged: bool,
+    /// Whether the state directory takes changes (always, without one).
+    status: tokio::sync::watch::Receiver<WriteState>,
 }
 
 impl std::fmt::Debug for Job {
@@ -85,18 +87,26 @@ impl Writer {
     ) -> std::io::Result<Writer> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let logged = durable.is_some();
+        let status = match &durable {
+            Some(durable) => durable.status.subscribe(),
+            None => tokio::sync::watch::channel(WriteState::Writable).1,
+        };
         let thread = Thread {
             index,
             meta,
             durable,
             worker_ttl,
-            failed: None,
             expiry_guard: ExpiryGuard::default(),
+            admitted: Vec::new(),
         };
         std::thread::Builder::new()
             .name("kv-indexer-writer".into())
             .spawn(move || thread.run(queue))?;
-        Ok(Writer { jobs, logged })
+        Ok(Writer {
+            jobs,
+            logged,
+            status,
+        })
     }
 
     /// A writer whose jobs `run` takes from the queue on a thread of its own (a fleet's
@@ -109,7 +119,31 @@ impl Writer {
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || run(queue))?;
-        Ok(Writer { jobs, logged: true })
+        let status = tokio::sync::watch::channel(WriteState::Writable).1;
+        Ok(Writer {
+            jobs,
+            logged: true,
+            status,
+        })
+    }
+
+    /// Whether the state directory takes changes now.
+    pub fn write_state(&self) -> WriteState {
+        self.status.borrow().clone()
+    }
+
+    /// Waits until a write or a sync of the state failed for good ([`WriteState::Failed`]):
+    /// the server should stop, so that a restart recovers from the log. Never, without one.
+    pub async fn failed(&self) -> Arc<StateError> {
+        let mut status = self.status.clone();
+        loop {
+            if let WriteState::Failed(error) = &*status.borrow_and_update() {
+                return error.clone();
+            }
+            if status.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// Validates, logs and applies an apply; answers once it is in the index. The record is
@@ -222,9 +256,11 @@ struct Thread {
     durable: Option<Durable>,
     /// A worker with no apply for this long is expired (`None`: never).
     worker_ttl: Option<Duration>,
-    /// Set when the log could not be written: later changes are refused.
-    failed: Option<Arc<StateError>>,
     expiry_guard: ExpiryGuard,
+    /// Each worker's meta as it was before an apply admitted since the last commit, in order:
+    /// restored when the group is refused, so that a bridge's retry of a refused batch is
+    /// judged as it was the first time (not taken for a duplicate).
+    admitted: Vec<(String, Option<WorkerMeta>)>,
 }
 
 impl Thread {
@@ -287,6 +323,8 @@ impl Thread {
     /// older bridge's apply later in the same group is fenced too.
     fn accept_apply(&mut self, mut apply: PendingApply) -> Option<PendingApply> {
         let worker = apply.valid.worker_id();
+        let before = self.meta.get(worker).copied();
+        self.admitted.push((worker.to_owned(), before));
         match admit(&mut self.meta, worker, apply.incarnation, apply.batch) {
             Err(error) => {
                 let _ = apply.reply.send(Err(error));
@@ -306,13 +344,20 @@ impl Thread {
 
     /// Appends the accepted changes as one group, then applies and answers each in order.
     fn commit(&mut self, accepted: Vec<Accepted>) {
+        let admitted = std::mem::take(&mut self.admitted);
         if accepted.is_empty() {
             return;
         }
         let mut accepted = accepted;
-        if let Err(reason) = self.append(&mut accepted) {
+        if let Err(refused) = self.append(&mut accepted) {
+            for (worker, before) in admitted.into_iter().rev() {
+                match before {
+                    Some(before) => self.meta.insert(worker, before),
+                    None => self.meta.remove(&worker),
+                };
+            }
             for change in accepted {
-                change.refuse(ChangeError::LogUnwritable(reason.clone()));
+                change.refuse(refused.refusal().expect("a refusal"));
             }
             return;
         }
@@ -321,14 +366,17 @@ impl Thread {
         }
     }
 
-    /// Appends the group to the log; why not, when the log cannot be written.
-    fn append(&mut self, accepted: &mut [Accepted]) -> Result<(), Arc<StateError>> {
-        if let Some(reason) = &self.failed {
-            return Err(reason.clone());
-        }
+    /// Appends the group to the log; why not, when the log cannot be written. A full disk is
+    /// retried by the next group (the failed one was cut from the log); any other failure
+    /// refuses every later change.
+    fn append(&mut self, accepted: &mut [Accepted]) -> Result<(), WriteState> {
         let Some(durable) = &mut self.durable else {
             return Ok(());
         };
+        let was = durable.status.borrow().clone();
+        if let WriteState::Failed(_) = was {
+            return Err(was);
+        }
         let mut records: Vec<Vec<u8>> = Vec::with_capacity(accepted.len());
         for change in accepted.iter_mut() {
             records.push(match change {
@@ -336,13 +384,17 @@ impl Thread {
                 Accepted::Other { record, .. } => record.encode(),
             });
         }
-        durable.append(&records).map_err(|error| {
-            let reason = kv_common::error_chain(&error);
-            error!(%reason, "the log cannot be written: refusing changes until restart");
-            let error = Arc::new(error);
-            self.failed = Some(error.clone());
-            error
-        })
+        let now = match durable.append(&records) {
+            Ok(()) => WriteState::Writable,
+            Err(error) if error.is_disk_full() => WriteState::DiskFull(Arc::new(error)),
+            Err(error) => WriteState::Failed(Arc::new(error)),
+        };
+        note_write_state(&was, &now, durable.dir.path());
+        durable.status.send_replace(now.clone());
+        match now {
+            WriteState::Writable => Ok(()),
+            refused => Err(refused),
+        }
     }
 
     /// Applies one logged change to the index (a panic inside aborts, see [`AbortOnPanic`]).
@@ -426,11 +478,21 @@ impl Thread {
             }
             durable.note_built(building);
         }
-        if durable.log.end() == durable.snapshot_position || self.failed.is_some() {
+        let writable = matches!(*durable.status.borrow(), WriteState::Writable);
+        if durable.log.end() == durable.snapshot_position || !writable {
             return;
         }
         if let Err(error) = durable.rotate() {
-            warn!(error = %kv_common::error_chain(&error), "cannot rotate the log for a snapshot");
+            let reason = kv_common::error_chain(&error);
+            if error.is_disk_full() {
+                // Retried at the next snapshot; the log goes on in its segment meanwhile.
+                warn!(%reason, "cannot rotate the log for a snapshot: the disk is full");
+            } else {
+                error!(%reason, "cannot rotate the log for a snapshot: refusing changes and stopping");
+                durable
+                    .status
+                    .send_replace(WriteState::Failed(Arc::new(error)));
+            }
             return;
         }
         let (dir, from, to) = (
@@ -497,6 +559,12 @@ impl Thread {
             return Ok(());
         };
         durable.stop_building();
+        if let WriteState::Failed(error) = &*durable.status.borrow() {
+            // What the failed write or sync left is for recovery from the log to judge.
+            let reason = kv_common::error_chain(error.as_ref());
+            warn!(%reason, "no final snapshot: the state could not be written");
+            return Ok(());
+        }
         durable.log.sync()?;
         let position = durable.log.end();
         if position == durable.snapshot_position {
@@ -515,6 +583,26 @@ impl Thread {
         crate::durable::prune(durable.dir.path(), position);
         Ok(())
     }
+}
+
+/// Logs and exports a change of the state directory's [`WriteState`].
+fn note_write_state(was: &WriteState, now: &WriteState, dir: &std::path::Path) {
+    let dir = dir.display();
+    match (was, now) {
+        (WriteState::DiskFull(_), WriteState::Writable) => {
+            tracing::info!(%dir, "the state directory takes writes again: applies resumed");
+        }
+        (WriteState::Writable, WriteState::DiskFull(error)) => {
+            let reason = kv_common::error_chain(error.as_ref());
+            error!(%dir, %reason, "the state directory's disk is full: refusing applies (each new one retries the write), answering queries");
+        }
+        (_, WriteState::Failed(error)) => {
+            let reason = kv_common::error_chain(error.as_ref());
+            error!(%dir, %reason, "the log cannot be written: refusing changes and stopping, so that a restart recovers from the log");
+        }
+        _ => {}
+    }
+    crate::observe::state_unwritable(!matches!(now, WriteState::Writable));
 }
 
 impl Accepted {

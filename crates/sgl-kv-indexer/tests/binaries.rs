@@ -229,10 +229,11 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 fn wait_for(admin: std::net::SocketAddr, what: &str, done: &dyn Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Some(text) = scrape(admin).filter(|text| done(text)) {
-            return text;
+        let text = scrape(admin);
+        if let Some(text) = text.as_ref().filter(|text| done(text)) {
+            return text.clone();
         }
-        assert!(Instant::now() < deadline, "{what} within 30 s");
+        assert!(Instant::now() < deadline, "{what} within 30 s: {text:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -333,4 +334,303 @@ fn the_simulated_worker_prints_its_endpoints_serves_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status:?}");
+}
+
+type Client = kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient<tonic::transport::Channel>;
+
+/// A server binary on fresh ports with `variables`, its gRPC client and admin address.
+struct Started {
+    process: KilledOnDrop,
+    client: Client,
+    admin: std::net::SocketAddr,
+}
+
+async fn start_server(variables: &[(&str, &str)], preload: Option<&std::path::Path>) -> Started {
+    let (grpc, admin) = (Port::reserve(), Port::reserve());
+    let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
+    drop((grpc, admin));
+    let mut command = server(&[
+        ("KV_INDEXER_LISTEN_ADDR", &grpc_addr.to_string()),
+        ("KV_INDEXER_METRICS_ADDR", &admin_addr.to_string()),
+        ("KV_INDEXER_SNAPSHOT_INTERVAL_S", "0"),
+    ]);
+    // KV_TEST_SERVER_LOG=1 shows the server's log (else it is kept for the test to read).
+    let shown = std::env::var_os("KV_TEST_SERVER_LOG").is_some();
+    command.envs(variables.iter().copied()).stderr(if shown {
+        Stdio::inherit()
+    } else {
+        Stdio::piped()
+    });
+    if let Some(library) = preload {
+        command.env("LD_PRELOAD", library);
+    }
+    let process = KilledOnDrop(command.spawn().unwrap());
+    wait_for(admin_addr, "SERVING", &|text| {
+        metric(text, "kv_indexer_serving") == Some(1.0)
+    });
+    let client = Client::connect(format!("http://{grpc_addr}"))
+        .await
+        .unwrap();
+    Started {
+        process,
+        client,
+        admin: admin_addr,
+    }
+}
+
+/// Worker `i`'s REPORT: 64 hashes of its own, as its bridge's first batch (so that a retry
+/// after a refusal is taken for a duplicate if the refusal left the batch counted).
+fn own_report(i: i64) -> kv_indexer_proto::v1::ApplyExternalKvBatchRequest {
+    let mut request =
+        kv_testkit::indexer::report_request(&format!("w{i}"), (i * 1000..i * 1000 + 64).collect());
+    request.bridge_incarnation = Some(1);
+    request.bridge_batch = Some(1);
+    request
+}
+
+/// Whether the server holds worker `i`'s whole REPORT.
+async fn holds(client: &mut Client, i: i64) -> bool {
+    let query = kv_testkit::indexer::prefix_request((i * 1000..i * 1000 + 64).collect());
+    let answer = client
+        .match_external_kv_prefix(query)
+        .await
+        .unwrap()
+        .into_inner();
+    let worker = format!("w{i}");
+    answer
+        .matches
+        .iter()
+        .any(|m| m.worker_id == worker && m.matched_prefix_blocks == 64)
+}
+
+/// A tmpfs of `bytes` mounted at a new directory (unmounted when dropped); none, with a
+/// message, where this process may not mount one.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(bytes: u64) -> Option<SmallDisk> {
+        let dir = kv_testkit::temp_dir("kv-binaries", "small-disk");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .stderr(Stdio::piped())
+            .output();
+        match mounted {
+            Ok(output) if output.status.success() => Some(SmallDisk(dir)),
+            other => {
+                eprintln!(
+                    "SKIPPED: cannot mount a small tmpfs here (needs CAP_SYS_ADMIN): {other:?}"
+                );
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A state directory whose disk fills: applies are refused UNAVAILABLE naming the disk,
+/// queries answered, health NOT_SERVING and the gauge at 1; once room is made the next apply
+/// succeeds without a restart; and after kill -9 every acknowledged apply is recovered.
+#[tokio::test]
+async fn a_full_disk_refuses_applies_answers_queries_and_resumes_once_there_is_room() {
+    let Some(disk) = SmallDisk::mount(1 << 20) else {
+        return;
+    };
+    let state = disk.0.join("state");
+    let state_dir = state.to_str().unwrap().to_owned();
+    let variables = [("KV_INDEXER_STATE_DIR", state_dir.as_str())];
+    let mut server = start_server(&variables, None).await;
+    // Most of the disk taken by something else.
+    let filler = disk.0.join("filler");
+    let room = 64 << 10;
+    let free = nix_free_bytes(&disk.0);
+    std::fs::write(&filler, vec![1u8; free.saturating_sub(room) as usize]).unwrap();
+    let mut acknowledged = Vec::new();
+    let refusal = loop {
+        let i = acknowledged.len() as i64;
+        match server.client.apply_external_kv_batch(own_report(i)).await {
+            Ok(_) => acknowledged.push(i),
+            Err(status) => break status,
+        }
+        assert!(i < 10_000, "64 KB never filled");
+    };
+    assert_eq!(refusal.code(), tonic::Code::Unavailable, "{refusal:?}");
+    assert!(
+        refusal.message().contains("disk") && refusal.message().contains("full"),
+        "{refusal:?}"
+    );
+    let refused = acknowledged.len() as i64;
+    assert!(refused > 0, "the disk filled before any apply");
+    wait_for(server.admin, "NOT_SERVING with the gauge at 1", &|text| {
+        metric(text, "kv_indexer_serving") == Some(0.0)
+            && metric(text, "kv_indexer_state_unwritable") == Some(1.0)
+    });
+    // Queries are answered meanwhile.
+    assert!(holds(&mut server.client, 0).await);
+    assert!(!holds(&mut server.client, refused).await);
+    // Room again: the next apply goes through, within 5 s, without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server
+        .client
+        .apply_external_kv_batch(own_report(refused))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "applies still refused 5 s after room was made"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    acknowledged.push(refused);
+    assert!(
+        holds(&mut server.client, refused).await,
+        "the retried batch was not applied"
+    );
+    wait_for(server.admin, "SERVING with the gauge at 0", &|text| {
+        metric(text, "kv_indexer_serving") == Some(1.0)
+            && metric(text, "kv_indexer_state_unwritable") == Some(0.0)
+    });
+    // A crash (kill -9) and a restart: every acknowledged apply is back.
+    drop(server);
+    let mut again = start_server(&variables, None).await;
+    for &i in &acknowledged {
+        assert!(
+            holds(&mut again.client, i).await,
+            "acknowledged apply {i} lost"
+        );
+    }
+}
+
+/// The bytes free to an unprivileged writer on the filesystem of `path` (`df`'s).
+fn nix_free_bytes(path: &std::path::Path) -> u64 {
+    let output = Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    text.lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
+/// A shared library, loaded with `LD_PRELOAD`, whose `fdatasync` fails with EIO while the file
+/// named by `KV_TEST_FAIL_SYNC` exists: the failure a filesystem gives only on a bad disk.
+fn failing_sync_library(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let source = dir.join("failsync.c");
+    std::fs::write(
+        &source,
+        r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+int fdatasync(int fd) {
+    const char *trigger = getenv("KV_TEST_FAIL_SYNC");
+    if (trigger && access(trigger, F_OK) == 0) { errno = EIO; return -1; }
+    int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    return real(fd);
+}
+"#,
+    )
+    .unwrap();
+    let library = dir.join("libfailsync.so");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .arg("-ldl")
+        .status();
+    match built {
+        Ok(status) if status.success() => Some(library),
+        other => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "no C compiler under CI: {other:?}"
+            );
+            eprintln!("SKIPPED: no C compiler to build the failing fdatasync: {other:?}");
+            None
+        }
+    }
+}
+
+/// An fdatasync of the log that fails (injected: EIO) stops the server with a non-zero exit
+/// and a message, with either sync policy, rather than retrying it or serving on; a restart
+/// recovers every acknowledged apply.
+#[tokio::test]
+async fn a_failed_fdatasync_stops_the_server_and_a_restart_recovers() {
+    let dir = kv_testkit::temp_dir("kv-binaries", "failed-sync");
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(library) = failing_sync_library(&dir) else {
+        return;
+    };
+    for policy in ["always", "batch"] {
+        let state = dir.join(format!("state-{policy}"));
+        let trigger = dir.join(format!("fail-{policy}"));
+        let variables = [
+            ("KV_INDEXER_STATE_DIR", state.to_str().unwrap()),
+            ("KV_INDEXER_LOG_SYNC", policy),
+            ("KV_TEST_FAIL_SYNC", trigger.to_str().unwrap()),
+        ];
+        let mut server = start_server(&variables, Some(&library)).await;
+        let mut acknowledged = Vec::new();
+        for i in 0..3 {
+            server
+                .client
+                .apply_external_kv_batch(own_report(i))
+                .await
+                .unwrap();
+            acknowledged.push(i);
+        }
+        std::fs::write(&trigger, b"").unwrap();
+        // `always` refuses the apply whose sync failed; `batch` acknowledged it at the write.
+        if server
+            .client
+            .apply_external_kv_batch(own_report(3))
+            .await
+            .is_ok()
+        {
+            acknowledged.push(3);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = server.process.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{policy}: still running 10 s after a failed fdatasync"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(75), "{policy}: {status:?}");
+        let mut stderr = String::new();
+        server
+            .process
+            .0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert!(
+            stderr.contains("exiting so that a restart recovers from the log"),
+            "{policy}: {stderr}"
+        );
+        std::fs::remove_file(&trigger).unwrap();
+        let mut again = start_server(&variables[..2], None).await;
+        for &i in &acknowledged {
+            assert!(
+                holds(&mut again.client, i).await,
+                "{policy}: acknowledged apply {i} lost"
+            );
+        }
+    }
 }

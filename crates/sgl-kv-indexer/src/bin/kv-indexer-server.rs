@@ -68,6 +68,7 @@ async fn main() -> anyhow::Result<()> {
         return Err(error).context("recovering KV_INDEXER_STATE_DIR");
     }
     boot::spawn_maintenance(shared.clone(), &config, stop.clone());
+    exit_when_unwritable(&shared);
 
     let result = serving.await.context("the server task")?;
     stop.cancel();
@@ -88,6 +89,27 @@ async fn main() -> anyhow::Result<()> {
 
 /// `GET /state` on the admin address: readiness, sizes and the index digest, as JSON; a
 /// replica on a shared log adds its position, lag and whether it answers queries.
+/// A write or fdatasync of the state that failed for good: stops at once, non-zero and
+/// without a final snapshot, so that the supervisor restarts the server and recovery runs
+/// from the log (a full disk is not this: it is retried while queries are served).
+fn exit_when_unwritable(shared: &Shared) {
+    let Ok(writer) = shared.writer() else {
+        return;
+    };
+    let writer = writer.clone();
+    tokio::spawn(async move {
+        let error = writer.failed().await;
+        tracing::error!(
+            error = %kv_common::error_chain(error.as_ref()),
+            "the state cannot be written: exiting so that a restart recovers from the log"
+        );
+        std::process::exit(STATE_UNWRITABLE_EXIT);
+    });
+}
+
+/// The exit status after a write or sync of the state failed for good.
+const STATE_UNWRITABLE_EXIT: i32 = 75;
+
 fn state_page(shared: Arc<Shared>) -> Page {
     Page {
         path: "/state",
@@ -102,8 +124,11 @@ fn state_page(shared: Arc<Shared>) -> Page {
                     shared.check_fresh().is_ok()
                 )
             });
+            let unwritable = shared.unwritable().map_or(String::new(), |why| {
+                format!(",\"applies_refused\":{}", serde_json::Value::from(why))
+            });
             format!(
-                "{{\"ready\":{},\"blocks\":{},\"placements\":{},\"workers\":{},\"digest\":\"{}\"{fleet}}}\n",
+                "{{\"ready\":{},\"blocks\":{},\"placements\":{},\"workers\":{},\"digest\":\"{}\"{fleet}{unwritable}}}\n",
                 shared.is_ready(),
                 stats.blocks,
                 stats.placements,
