@@ -64,11 +64,36 @@ pub struct Durable {
     pub(crate) status: WriteStatus,
 }
 
+/// A snapshot child running longer than this is taken for hung (a forked child can deadlock
+/// on a lock another thread held at the fork, or block on a dead disk) and killed, so that the
+/// next interval tries again. Snapshots of 100 M placements take about 15 s.
+pub const SNAPSHOT_WATCHDOG: Duration = Duration::from_secs(600);
+
 /// A snapshot being built: the thread that builds it or waits for its child, and the child.
 pub(crate) struct Building {
     pub(crate) thread: std::thread::JoinHandle<Result<Built, StateError>>,
     /// The child writing it, when a child writes it.
     pub(crate) child: Option<crate::fork::Stopper>,
+    pub(crate) started: Instant,
+}
+
+impl Building {
+    /// Kills the child if it has run for longer than `bound` (its waiter then reports the
+    /// snapshot failed, killed by SIGKILL); whether it did.
+    pub(crate) fn stop_if_hung(&self, bound: Duration) -> bool {
+        let Some(child) = &self.child else {
+            return false;
+        };
+        if self.thread.is_finished() || self.started.elapsed() < bound {
+            return false;
+        }
+        warn!(
+            running_s = self.started.elapsed().as_secs(),
+            "the snapshot process has run too long: killed, the next interval tries again"
+        );
+        child.stop();
+        true
+    }
 }
 
 impl Durable {

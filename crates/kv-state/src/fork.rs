@@ -411,4 +411,29 @@ mod tests {
             "{text}"
         );
     }
+
+    /// A child that stops making progress (here: stopped with SIGSTOP, as a deadlock or a dead
+    /// disk would leave it) is killed by the watchdog once past its bound, and the snapshot
+    /// reports the signal; a child within its bound is left alone.
+    #[test]
+    fn the_watchdog_kills_a_hung_child() {
+        let (index, meta) = sample();
+        let dir = scratch_dir("forked-hung");
+        let child = spawn(&dir, 4, &index, &meta, TableImage::Fresh).unwrap();
+        // SAFETY: a signal to our own child, not yet reaped.
+        unsafe { libc::kill(child.pid, libc::SIGSTOP) };
+        let stopper = child.stopper();
+        let building = crate::durable::Building {
+            thread: crate::snapshot::spawn_builder(move || child.wait()).unwrap(),
+            child: Some(stopper),
+            started: Instant::now(),
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!building.thread.is_finished(), "a stopped child finished");
+        assert!(!building.stop_if_hung(Duration::from_secs(60)));
+        assert!(building.stop_if_hung(Duration::from_millis(100)));
+        let text = kv_common::error_chain(&building.thread.join().unwrap().unwrap_err());
+        assert!(text.contains("killed by signal 9"), "{text}");
+        assert!(!snapshot::path(&dir, 4).exists());
+    }
 }

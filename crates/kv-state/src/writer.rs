@@ -473,6 +473,7 @@ impl Thread {
         };
         if let Some(building) = durable.building.take() {
             if !building.thread.is_finished() {
+                building.stop_if_hung(crate::durable::SNAPSHOT_WATCHDOG);
                 durable.building = Some(building);
                 return;
             }
@@ -528,6 +529,7 @@ impl Thread {
                 durable.building = Some(Building {
                     thread,
                     child: stopper,
+                    started: Instant::now(),
                 })
             }
             Err(error) => {

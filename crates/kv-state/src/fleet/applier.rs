@@ -59,7 +59,7 @@ pub(super) struct Applier {
     pub(super) worker_ttl: Option<Duration>,
     pub(super) snapshot_interval: Option<Duration>,
     pub(super) base: Option<Base>,
-    pub(super) building: Option<JoinHandle<Result<(u64, Base), StateError>>>,
+    pub(super) building: Option<JoinHandle<(u64, Result<Base, StateError>)>>,
     pub(super) last_snapshot: Instant,
     pub(super) last_upkeep: Option<Instant>,
     /// When the entry last applied was last read again (none: at the next read).

@@ -140,7 +140,13 @@ impl Build {
         Ok(Some((index, meta)))
     }
 
-    pub(super) fn run(self) -> Result<(u64, Base), StateError> {
+    /// Builds it; the result comes with the generation it was asked for in.
+    pub(super) fn run(self) -> (u64, Result<Base, StateError>) {
+        let generation = self.generation;
+        (generation, self.build())
+    }
+
+    fn build(self) -> Result<Base, StateError> {
         let started = Instant::now();
         let origin = PathBuf::from(format!("{}:snapshot", self.config.key));
         let engine = |error: StreamError| StateError::Fleet(Arc::new(error));
@@ -178,12 +184,9 @@ impl Build {
             took_ms = started.elapsed().as_millis() as u64,
             "snapshot of the shared log built"
         );
-        Ok((
-            self.generation,
-            Base {
-                position: self.to,
-                bytes: Arc::new(bytes),
-            },
-        ))
+        Ok(Base {
+            position: self.to,
+            bytes: Arc::new(bytes),
+        })
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::applier::{Applier, Restart};
 use super::build::{Build, write_local};
@@ -32,6 +32,17 @@ impl Applier {
         }
         let bounds = stream.bounds()?;
         let tail = bounds.map_or(0, |(_, last)| last + 1);
+        // Entries after this replica's position trimmed away (it was cut off across a
+        // publication): found here, before a snapshot is built on a base the stream no longer
+        // follows, rather than by the next read.
+        if let Some((first, _)) = bounds
+            && first > self.next
+        {
+            return Err(Restart::Rebootstrap(format!(
+                "the stream starts at position {first}, after this replica's {}: entries were trimmed before this replica applied them",
+                self.next
+            )));
+        }
         if tail < self.next {
             self.note_rollback(tail);
             return Err(Restart::Rebootstrap(format!(
@@ -140,17 +151,23 @@ impl Applier {
                 return;
             }
             match building.join() {
-                Ok(Ok((generation, base))) if generation == self.generation => {
+                Ok((generation, Ok(base))) if generation == self.generation => {
                     self.base = Some(base)
                 }
                 // Built on a history this replica has since dropped: its local file must not
                 // be loaded by a later start either.
-                Ok(Ok((_, stale))) => {
+                Ok((_, Ok(stale))) => {
                     if let Some(dir) = self.epoch.as_deref().and_then(|e| self.snapshot_dir(e)) {
                         let _ = std::fs::remove_file(snapshot::path(&dir, stale.position));
                     }
                 }
-                Ok(Err(error)) => crate::observe::snapshot_failed(Some(&error)),
+                Ok((generation, Err(error))) if generation == self.generation => {
+                    crate::observe::snapshot_failed(Some(&error))
+                }
+                // Started before a bootstrap, on a base the replica no longer follows.
+                Ok((_, Err(error))) => {
+                    debug!(error = %kv_common::error_chain(&error), "a snapshot begun before the last bootstrap failed")
+                }
                 Err(_) => crate::observe::snapshot_failed(None),
             }
         }
