@@ -70,7 +70,7 @@ pub(crate) enum Probe {
     Vacant(usize),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct BlockTable {
     /// A power of two in length, or empty.
     buckets: Vec<Bucket>,

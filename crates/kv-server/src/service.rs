@@ -9,17 +9,17 @@
 //! Prefix scans run on the query threads (`crate::pool`), below the runtime's priority, so that
 //! under CPU overload the runtime still reads and refuses the surplus as it arrives.
 //!
-//! Locking: one `parking_lot::RwLock` around the index. Applies take the write lock (one apply
-//! is atomic); queries take the read lock (one query sees one state). No async worker thread
-//! ever waits for the lock:
-//! - applies and hit-counting matches are sent to the one writer thread (`kv_state::writer`),
-//!   which logs them and applies them in log order; prefix scans wait on the query threads;
-//! - the other queries try the read lock inline (`try_read`, which never waits) and, when a
-//!   writer holds it or waits for it, go to the blocking pool and wait there. parking_lot's
-//!   lock is task-fair: a waiting writer stops new readers, so a stream of queries cannot
-//!   starve the applies (`read_recursive`, used before, let readers overtake a waiting writer).
-//! - A panic inside an apply (a bug) aborts the process before the write lock is released: a
-//!   half-applied index is never served (see `kv_state::cell::AbortOnPanic`).
+//! Reading: two copies of the index (`kv_state::cell`). A query takes the published copy (a
+//! pointer copy) and scans it; the one writer thread (`kv_state::writer`, or a replica's
+//! applier) changes the other copy and publishes it whole. So a query never waits for an
+//! apply, and sees the state after a whole number of applies, in order; an answered apply is
+//! in every query that starts after its answer.
+//! - applies and hit-counting matches are sent to the writer thread, which logs them and
+//!   applies them in log order; prefix scans run on the query threads;
+//! - the other queries read inline (`try_read`), and go to the blocking pool only while a test
+//!   holds the cell (`Shared::lock_index`).
+//! - A panic inside an apply (a bug) aborts the process before a half-applied copy can be
+//!   published (see `kv_state::cell::AbortOnPanic`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -236,11 +236,11 @@ impl Shared {
             .map_err(ServerError::Task)
     }
 
-    /// Holds the index's write lock until the guard is dropped: queries and applies wait, while
-    /// admission and deadline checks go on. For maintenance (a consistent snapshot) and for
-    /// tests that need queries held in flight.
-    pub fn lock_index(&self) -> parking_lot::RwLockWriteGuard<'_, Index> {
-        self.index.write()
+    /// Keeps queries (and the next publication of applies) waiting until the guard is dropped,
+    /// while admission and deadline checks go on: for tests that need queries held in flight.
+    /// Nothing else ever holds it.
+    pub fn lock_index(&self) -> parking_lot::RwLockWriteGuard<'_, Arc<Index>> {
+        self.index.hold()
     }
 
     /// Prefix queries executing now.

@@ -1,9 +1,12 @@
 //! One record applied to the index and the workers' meta: the step the writer, replay, a
-//! replica's applier and snapshot building all share, so that each decides alike.
+//! replica's applier and snapshot building all share, so that each decides alike. The index is
+//! changed through [`IndexChange`]: a plain index (replay) or the writer's copy, which records
+//! the change for the other copy.
 
-use kv_index::{ActionRequest, ApplyRequest, Index, IndexStats, NodeMatch, Tier, ValidApply};
+use kv_index::{ActionRequest, ApplyRequest, IndexStats, NodeMatch, Tier, ValidApply};
 use kv_indexer_proto::convert;
 
+use crate::cell::IndexChange;
 use crate::error::ChangeError;
 use crate::meta::{Gate, Meta, admit, worker_meta};
 use crate::record::{Change, Record};
@@ -43,7 +46,7 @@ impl Applied {
 /// Applies an admitted apply: as it is ([`Gate::Next`]), not at all ([`Gate::Duplicate`]), or,
 /// after a gap, by clearing the worker. The one step live applies, replay and replicas share.
 pub fn apply_admitted(
-    index: &mut Index,
+    index: &mut impl IndexChange,
     meta: &mut Meta,
     valid: &ValidApply,
     gate: Gate,
@@ -52,7 +55,7 @@ pub fn apply_admitted(
     let worker_id = valid.worker_id();
     match gate {
         Gate::Next => Ok(Applied::Apply(apply_valid(index, meta, valid, time_ms))),
-        Gate::Duplicate => Ok(Applied::Duplicate(index.stats())),
+        Gate::Duplicate => Ok(Applied::Duplicate(index.index().stats())),
         Gate::Gap { expected } => {
             let cleared = clear_all(worker_id)?;
             apply_valid(index, meta, &cleared, time_ms);
@@ -68,17 +71,22 @@ pub fn apply_admitted(
 }
 
 /// Applies a validated apply and notes the worker as seen.
-fn apply_valid(index: &mut Index, meta: &mut Meta, valid: &ValidApply, time_ms: u64) -> IndexStats {
+fn apply_valid(
+    index: &mut impl IndexChange,
+    meta: &mut Meta,
+    valid: &ValidApply,
+    time_ms: u64,
+) -> IndexStats {
     index.apply(valid);
     let entry = worker_meta(meta, valid.worker_id());
     entry.last_seen_ms = entry.last_seen_ms.max(time_ms);
     entry.expired = false;
-    index.stats()
+    index.index().stats()
 }
 
 /// Applies any record (replay, snapshot building, and the writer's non-apply changes).
 pub fn apply_record(
-    index: &mut Index,
+    index: &mut impl IndexChange,
     meta: &mut Meta,
     record: &Record,
 ) -> Result<Applied, ChangeError> {
@@ -96,7 +104,7 @@ pub fn apply_record(
             apply_admitted(index, meta, &valid, gate, record.time_ms)
         }
         Change::CountHits(hashes) => {
-            let matches = index.match_kv(hashes)?;
+            let matches = index.index().match_kv(hashes)?;
             index.count_hits(hashes);
             Ok(Applied::CountHits(matches))
         }

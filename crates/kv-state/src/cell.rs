@@ -1,87 +1,272 @@
 //! The index cell the state's one writer changes and every reader shares, and the guard that
 //! keeps a half-changed index from ever being served.
+//!
+//! Two copies of the index (left-right): readers take the published one, the writer changes
+//! the other and publishes it, so a query never waits for an apply, and every query sees the
+//! state after a whole number of changes, in order.
+//!
+//! - A reader copies the published pointer ([`IndexCell::read`], an `Arc` clone under a read
+//!   lock held for that copy only) and scans that copy for as long as it likes.
+//! - The writer ([`IndexWriter`]) owns the other copy. Before changing it, it waits until the
+//!   last reader that took it before it was unpublished has let go (`Arc::get_mut`), then
+//!   replays onto it the changes it lacks (those of the last publication), applies the new ones
+//!   while recording them, and publishes it with one pointer swap. The copy it replaced becomes
+//!   the writer's, behind by what was just published.
+//! - Each change is applied twice (once per copy), in the same order, from the same inputs:
+//!   `Index` is deterministic, so the copies stay equal (tested in `kv-index`'s model test and
+//!   here). A block table rebuild happens on the writer's copy, which no reader sees.
+//!
+//! Nothing here is `unsafe`: the protocol is `Arc` ownership and one `RwLock` around a pointer.
 
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use kv_index::{Index, SpareTable};
+use kv_index::{Index, SpareTable, ValidApply};
 use parking_lot::{RwLock, RwLockWriteGuard};
 
-/// The index, shared by the readers (the service) and the one writer thread (a single server's
-/// writer, or a replica's applier).
-pub type IndexCell = Arc<RwLock<Index>>;
+/// The published index, shared by the readers (the service) and the one writer thread (a
+/// single server's writer, or a replica's applier), which changes it through an
+/// [`IndexWriter`]. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct IndexCell {
+    published: Arc<RwLock<Arc<Index>>>,
+}
 
 /// A new, empty index cell.
 pub fn empty() -> IndexCell {
-    Arc::new(RwLock::new(Index::new()))
-}
-
-/// The write lock for one change that adds at most `blocks` new blocks, taken by the one writer
-/// thread. When the change would rebuild the block table (grow it, or purge it of stale
-/// entries: it touches every entry, about 70 ms at 2 M placements and seconds at 100 M), the
-/// new table is built first under a read lock, so queries go on meanwhile, and swapped in
-/// under this lock; the old one is freed after the lock is released.
-pub fn write_for(cell: &IndexCell, blocks: usize) -> Writing<'_> {
-    let spare = if blocks == 0 {
-        None
-    } else {
-        let start = Instant::now();
-        let spare = cell.read().table_for(blocks);
-        if let Some(spare) = &spare {
-            crate::observe::table_rebuilt(spare.entries(), start.elapsed());
-        }
-        spare
-    };
-    let mut index = cell.write();
-    let retired = spare.map(|spare| {
-        // Only another writer could change the index in between; then the change rebuilds
-        // the table itself, under this lock.
-        index.install_table(spare).unwrap_or_else(|stale| {
-            tracing::warn!(
-                "the block table built beside the index is stale: rebuilt under the lock"
-            );
-            stale
-        })
-    });
-    Writing { index, retired }
-}
-
-/// The index's write lock ([`write_for`]), and the block table it replaced, freed after it.
-pub struct Writing<'a> {
-    // Fields drop in order: the lock is released before the old table is freed.
-    index: RwLockWriteGuard<'a, Index>,
-    retired: Option<SpareTable>,
-}
-
-impl Writing<'_> {
-    /// Releases the lock and hands back the table it replaced, if any, for the caller to free
-    /// once it has answered (freeing a large table takes a while).
-    pub fn unlock(self) -> Option<SpareTable> {
-        let Writing { index, retired } = self;
-        drop(index);
-        retired
+    IndexCell {
+        published: Arc::new(RwLock::new(Arc::new(Index::new()))),
     }
 }
 
-impl Deref for Writing<'_> {
+impl IndexCell {
+    /// The index as of the last publication: never waits for a change in progress (only for a
+    /// pointer swap, or for [`IndexCell::hold`]). Hold it for one query: the writer waits for
+    /// its last reader before it changes this copy again.
+    pub fn read(&self) -> Arc<Index> {
+        self.published.read().clone()
+    }
+
+    /// [`IndexCell::read`], unless the cell is held ([`IndexCell::hold`]) this instant.
+    pub fn try_read(&self) -> Option<Arc<Index>> {
+        self.published.try_read().map(|index| index.clone())
+    }
+
+    /// Keeps every new reader (and the next publication) waiting until the guard is dropped:
+    /// for tests that need queries held in flight.
+    pub fn hold(&self) -> RwLockWriteGuard<'_, Arc<Index>> {
+        self.published.write()
+    }
+}
+
+/// A change to one copy of the index, as the writer replays it onto the other.
+#[derive(Debug)]
+enum IndexOp {
+    Apply(ValidApply),
+    CountHits(Vec<i64>),
+}
+
+impl IndexOp {
+    fn replay(&self, index: &mut Index) {
+        match self {
+            IndexOp::Apply(batch) => index.apply(batch),
+            IndexOp::CountHits(hashes) => index.count_hits(hashes),
+        }
+    }
+}
+
+/// The one writer of an [`IndexCell`]: owns the copy readers do not see.
+#[derive(Debug)]
+pub struct IndexWriter {
+    cell: IndexCell,
+    /// The unpublished copy: equal to the published one but for `behind`.
+    spare: Arc<Index>,
+    /// The changes of the last publication, which `spare` has not had.
+    behind: Vec<IndexOp>,
+    /// The changes applied to `spare` since the last publication.
+    pending: Vec<IndexOp>,
+}
+
+impl IndexWriter {
+    /// The writer of `cell`; its second copy is a clone of the published one. One per cell.
+    pub fn new(cell: IndexCell) -> IndexWriter {
+        let spare = Arc::new(Index::clone(&cell.read()));
+        IndexWriter {
+            cell,
+            spare,
+            behind: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// The cell this writer publishes to.
+    pub fn cell(&self) -> &IndexCell {
+        &self.cell
+    }
+
+    /// The published copy (what readers see, and what a snapshot of the published state
+    /// reads).
+    pub fn published(&self) -> Arc<Index> {
+        self.cell.read()
+    }
+
+    /// The block table memory of the unpublished copy, which a snapshot child never reads.
+    pub fn spare_table_memory(&self) -> std::ops::Range<usize> {
+        self.spare.table_memory()
+    }
+
+    /// The unpublished copy, brought up to the published state, to change; its changes are
+    /// seen by readers at the next [`IndexWriter::publish`]. Waits for the readers still in
+    /// this copy from before the last publication.
+    pub fn change(&mut self) -> Changing<'_> {
+        let index = exclusive(&mut self.spare);
+        for op in self.behind.drain(..) {
+            op.replay(index);
+        }
+        Changing {
+            index,
+            ops: &mut self.pending,
+        }
+    }
+
+    /// Publishes the changes made since the last publication (none: nothing happens). Readers
+    /// that start after this see them.
+    pub fn publish(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        {
+            let mut published = self.cell.published.write();
+            std::mem::swap(&mut *published, &mut self.spare);
+        }
+        debug_assert!(self.behind.is_empty());
+        std::mem::swap(&mut self.behind, &mut self.pending);
+    }
+
+    /// Publishes `index` in place of everything before it (a recovered or bootstrapped state),
+    /// and a clone of it as the writer's copy. The replaced copies are dropped after their
+    /// readers are done with them.
+    pub fn replace(&mut self, index: Index) -> (Arc<Index>, Arc<Index>) {
+        let spare = Arc::new(index.clone());
+        let old_published = std::mem::replace(&mut *self.cell.published.write(), Arc::new(index));
+        self.behind.clear();
+        self.pending.clear();
+        let old_spare = std::mem::replace(&mut self.spare, spare);
+        (old_published, old_spare)
+    }
+
+    /// Publishes what is pending, then whether both copies hold the same index once the
+    /// writer's has caught up (for tests).
+    pub fn copies_equal(&mut self) -> bool {
+        self.publish();
+        let published = self.published();
+        let spare = &*self.change();
+        published.export() == spare.export()
+    }
+}
+
+/// The copy in `slot`, once no reader holds it.
+fn exclusive(slot: &mut Arc<Index>) -> &mut Index {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while Arc::strong_count(slot) > 1 {
+        // A reader took this copy before it was unpublished and is still scanning it: a scan
+        // is microseconds, unless its thread was preempted.
+        spins += 1;
+        match spins {
+            0..64 => std::hint::spin_loop(),
+            64..1024 => std::thread::yield_now(),
+            _ => std::thread::sleep(Duration::from_micros(50)),
+        }
+    }
+    if spins > 0 {
+        crate::observe::reader_wait(start.elapsed());
+    }
+    Arc::get_mut(slot).expect("no other holder: readers take only the published copy")
+}
+
+/// Changes the index, whichever copy or kind: the replay of a record onto one index
+/// (recovery, snapshot building) or the writer's change of its copy, which records them for
+/// the other copy.
+pub trait IndexChange {
+    /// The index as changed so far.
+    fn index(&self) -> &Index;
+    fn apply(&mut self, batch: &ValidApply);
+    fn count_hits(&mut self, hashes: &[i64]);
+}
+
+/// A plain index, changed in place (replay, snapshot building, tests).
+impl IndexChange for Index {
+    fn index(&self) -> &Index {
+        self
+    }
+
+    fn apply(&mut self, batch: &ValidApply) {
+        Index::apply(self, batch);
+    }
+
+    fn count_hits(&mut self, hashes: &[i64]) {
+        Index::count_hits(self, hashes);
+    }
+}
+
+/// The writer's copy being changed ([`IndexWriter::change`]): each change is applied and
+/// recorded, to be replayed onto the other copy after the next publication.
+pub struct Changing<'a> {
+    index: &'a mut Index,
+    ops: &'a mut Vec<IndexOp>,
+}
+
+impl Changing<'_> {
+    /// Rebuilds the block table now when a change adding at most `blocks` blocks would (grow
+    /// it, or purge it of stale entries), so that the rebuild is counted and timed. On the
+    /// writer's copy no reader waits for it; the other copy rebuilds alike when it replays.
+    /// The table replaced, for the caller to free once it has answered.
+    pub fn make_room(&mut self, blocks: usize) -> Option<SpareTable> {
+        if blocks == 0 {
+            return None;
+        }
+        let start = Instant::now();
+        let spare = self.index.table_for(blocks)?;
+        crate::observe::table_rebuilt(spare.entries(), start.elapsed());
+        // Built from this index just now, so installed (a refusal would hand it back unused).
+        Some(
+            self.index
+                .install_table(spare)
+                .unwrap_or_else(|unused| unused),
+        )
+    }
+}
+
+impl Deref for Changing<'_> {
     type Target = Index;
 
     fn deref(&self) -> &Index {
-        &self.index
+        self.index
     }
 }
 
-impl DerefMut for Writing<'_> {
-    fn deref_mut(&mut self) -> &mut Index {
-        &mut self.index
+impl IndexChange for Changing<'_> {
+    fn index(&self) -> &Index {
+        self.index
+    }
+
+    fn apply(&mut self, batch: &ValidApply) {
+        self.index.apply(batch);
+        self.ops.push(IndexOp::Apply(batch.clone()));
+    }
+
+    fn count_hits(&mut self, hashes: &[i64]) {
+        self.index.count_hits(hashes);
+        self.ops.push(IndexOp::CountHits(hashes.to_vec()));
     }
 }
 
 /// Aborts the process when dropped by a panic's unwinding: held while the index is being
-/// changed, where an unwinding panic would release the write lock over a half-applied index
-/// that every later query would be served from. Aborting instead leaves recovery to a restart
-/// (with the bridges' resync, the index then under-claims, never over-claims).
+/// changed, where an unwinding panic could leave a half-applied copy that a later publication
+/// would serve, or copies that differ. Aborting instead leaves recovery to a restart (with the
+/// bridges' resync, the index then under-claims, never over-claims).
 pub struct AbortOnPanic(pub &'static str);
 
 impl Drop for AbortOnPanic {
@@ -128,30 +313,64 @@ mod tests {
         assert!(stderr.contains("aborting rather than serving"), "{stderr}");
     }
 
-    #[test]
-    fn the_writers_lock_comes_with_room_for_the_change() {
-        let cell = empty();
-        let report = |hashes: std::ops::Range<i64>| {
-            kv_index::ApplyRequest {
-                worker_id: "w".into(),
-                actions: vec![kv_index::ActionRequest {
-                    action_type: kv_index::ActionKind::Report as i32,
-                    tier: kv_index::Tier::Hbm.wire(),
-                    hashes: hashes.collect(),
-                    ..Default::default()
-                }],
+    fn report(worker: &str, hashes: std::ops::Range<i64>) -> ValidApply {
+        kv_index::ApplyRequest {
+            worker_id: worker.into(),
+            actions: vec![kv_index::ActionRequest {
+                action_type: kv_index::ActionKind::Report as i32,
+                tier: kv_index::Tier::Hbm.wire(),
+                hashes: hashes.collect(),
                 ..Default::default()
-            }
-            .validate()
-            .unwrap()
-        };
-        cell.write().apply(&report(0..10));
-        let change = report(10..5000);
-        assert!(cell.read().table_for(change.reported_blocks()).is_some());
-        let mut index = write_for(&cell, change.reported_blocks());
-        assert!(index.table_for(change.reported_blocks()).is_none());
-        index.apply(&change);
-        assert_eq!(index.stats().blocks, 5000);
+            }],
+            ..Default::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    #[test]
+    fn readers_see_a_change_only_once_published_and_the_copies_stay_equal() {
+        let cell = empty();
+        let mut writer = IndexWriter::new(cell.clone());
+        let before = cell.read();
+        {
+            let mut index = writer.change();
+            index.make_room(5000);
+            index.apply(&report("w", 0..5000));
+            index.count_hits(&[1, 2, 3]);
+            assert_eq!(index.stats().blocks, 5000);
+        }
+        assert_eq!(cell.read().stats().blocks, 0, "seen before its publication");
+        writer.publish();
+        assert_eq!(cell.read().stats().blocks, 5000);
+        // A reader that took the old copy keeps it, whole, while the writer waits for it.
+        assert_eq!(before.stats().blocks, 0);
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            before.stats().blocks
+        });
+        writer.change().apply(&report("v", 10..20));
+        assert_eq!(reader.join().unwrap(), 0);
+        writer.publish();
+        assert!(writer.copies_equal());
+        assert_eq!(
+            cell.read().hit_counts(&[1, 2, 3]).unwrap(),
+            vec![(1, 1), (2, 1), (3, 1)]
+        );
+    }
+
+    #[test]
+    fn a_replaced_index_is_published_in_both_copies() {
+        let cell = empty();
+        let mut writer = IndexWriter::new(cell.clone());
+        let mut index = Index::new();
+        index.apply(&report("w", 0..10));
+        writer.replace(index);
+        assert_eq!(cell.read().stats().blocks, 10);
+        writer.change().apply(&report("w", 10..20));
+        writer.publish();
+        assert_eq!(cell.read().stats().blocks, 20);
+        assert!(writer.copies_equal());
     }
 
     #[test]

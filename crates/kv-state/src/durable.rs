@@ -74,26 +74,6 @@ pub(crate) struct Building {
     pub(crate) thread: std::thread::JoinHandle<Result<Built, StateError>>,
     /// The child writing it, when a child writes it.
     pub(crate) child: Option<crate::fork::Stopper>,
-    pub(crate) started: Instant,
-}
-
-impl Building {
-    /// Kills the child if it has run for longer than `bound` (its waiter then reports the
-    /// snapshot failed, killed by SIGKILL); whether it did.
-    pub(crate) fn stop_if_hung(&self, bound: Duration) -> bool {
-        let Some(child) = &self.child else {
-            return false;
-        };
-        if self.thread.is_finished() || self.started.elapsed() < bound {
-            return false;
-        }
-        warn!(
-            running_s = self.started.elapsed().as_secs(),
-            "the snapshot process has run too long: killed, the next interval tries again"
-        );
-        child.stop();
-        true
-    }
 }
 
 impl Durable {

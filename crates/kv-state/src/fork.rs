@@ -55,6 +55,7 @@ pub(crate) struct Child {
 pub(crate) struct Stopper {
     pid: libc::pid_t,
     reaped: Arc<Mutex<bool>>,
+    started: Instant,
 }
 
 impl Stopper {
@@ -67,22 +68,41 @@ impl Stopper {
             unsafe { libc::kill(self.pid, libc::SIGKILL) };
         }
     }
+
+    /// Kills the child if it has run for longer than `bound` and not exited (its waiter then
+    /// reports the snapshot failed, killed by signal 9); whether it was still running then.
+    pub(crate) fn stop_if_hung(&self, bound: Duration) -> bool {
+        if self.started.elapsed() < bound || *self.reaped.lock() {
+            return false;
+        }
+        warn!(
+            running_s = self.started.elapsed().as_secs(),
+            "the snapshot process has run too long: killed, the next interval tries again"
+        );
+        self.stop();
+        true
+    }
 }
 
 /// Forks a child that writes the snapshot of `index` and `meta` at `position` into `dir`, with
 /// the block table `image`: a child writing a [`TableImage::Fresh`] one is not given the
-/// index's table (`MADV_DONTFORK`), a [`TableImage::Own`] one shares it copy-on-write. Call it
-/// on the thread that changes the index, between two changes. `Err` when no child could be
-/// made (the caller builds the snapshot another way).
+/// index's table (`MADV_DONTFORK`), a [`TableImage::Own`] one shares it copy-on-write. It is
+/// never given `unread` either (the writer's other copy's table). Call it on the thread that
+/// changes the index, between two changes. `Err` when no child could be made (the caller
+/// builds the snapshot another way).
 pub(crate) fn spawn(
     dir: &Path,
     position: u64,
     index: &Index,
+    unread: std::ops::Range<usize>,
     meta: &Meta,
     image: TableImage,
 ) -> std::io::Result<Child> {
-    let withhold = matches!(image, TableImage::Fresh);
-    spawn_writing(dir, position, index, meta, withhold, image)
+    let mut withheld = vec![whole_pages(unread)];
+    if matches!(image, TableImage::Fresh) {
+        withheld.push(whole_pages(index.table_memory()));
+    }
+    spawn_writing(dir, position, index, meta, &withheld, image)
 }
 
 /// [`spawn`], withholding the table or not whatever `image` is: only a test withholds it from
@@ -92,19 +112,17 @@ fn spawn_writing(
     position: u64,
     index: &Index,
     meta: &Meta,
-    withhold: bool,
+    withheld: &[std::ops::Range<usize>],
     image: TableImage,
 ) -> std::io::Result<Child> {
     let start = Instant::now();
     let (errors, mut report) = std::io::pipe()?;
     // SAFETY: `getpid` has no preconditions.
     let parent = unsafe { libc::getpid() };
-    let withheld = match withhold {
-        true => whole_pages(index.table_memory()),
-        false => 0..0,
-    };
-    if let Err(error) = set_fork_advice(&withheld, libc::MADV_DONTFORK) {
-        warn!(%error, "cannot keep the block table out of the snapshot process: applies may stall after the fork");
+    for pages in withheld {
+        if let Err(error) = set_fork_advice(pages, libc::MADV_DONTFORK) {
+            warn!(%error, "cannot keep a block table out of the snapshot process: applies may stall after the fork");
+        }
     }
     // SAFETY: the child runs only `child_main`, which keeps to what is safe after a fork in a
     // multi-threaded process (the module's documentation) and never returns; when the table
@@ -115,7 +133,9 @@ fn spawn_writing(
     };
     if !matches!(forked, Ok(0)) {
         // Failing, a later fork (only ours) would not get these pages either: harmless.
-        let _ = set_fork_advice(&withheld, libc::MADV_DOFORK);
+        for pages in withheld {
+            let _ = set_fork_advice(pages, libc::MADV_DOFORK);
+        }
     }
     match forked? {
         0 => child_main(parent, dir, position, index, meta, image, &mut report),
@@ -161,6 +181,7 @@ impl Child {
         Stopper {
             pid: self.pid,
             reaped: self.reaped.clone(),
+            started: self.start,
         }
     }
 
@@ -312,7 +333,7 @@ mod tests {
         let (mut index, meta) = sample();
         let before = Index::import(&index.export());
         let dir = scratch_dir("forked");
-        let child = spawn(&dir, 9, &index, &meta, TableImage::Own).unwrap();
+        let child = spawn(&dir, 9, &index, 0..0, &meta, TableImage::Own).unwrap();
         // The parent goes on changing its index; the child's copy does not see it.
         let request = ApplyRequest {
             worker_id: "w-new".into(),
@@ -373,8 +394,12 @@ mod tests {
         assert!(whole_pages(index.table_memory()).len() >= 64 * 4096);
         let before = index.export().canonical();
         let dir = scratch_dir("forked-big");
-        let child = spawn(&dir, 4, &index, &meta, TableImage::Fresh).unwrap();
+        // The writer's other copy, whose table the child does not get either.
+        let mut other = index.clone();
+        let unread = other.table_memory();
+        let child = spawn(&dir, 4, &index, unread, &meta, TableImage::Fresh).unwrap();
         index.apply(&change("w-3", 1, 50_000..52_000));
+        other.apply(&change("w-3", 1, 50_000..52_000));
         child.wait().unwrap();
         let read = snapshot::read(&snapshot::path(&dir, 4)).unwrap();
         read.index.check_invariants();
@@ -391,7 +416,8 @@ mod tests {
         let (mut index, meta) = sample();
         index.apply(&change("w-1", 1, 1_000..13_000));
         let dir = scratch_dir("forked-reads-table");
-        let child = spawn_writing(&dir, 5, &index, &meta, true, TableImage::Own);
+        let withheld = [whole_pages(index.table_memory())];
+        let child = spawn_writing(&dir, 5, &index, &meta, &withheld, TableImage::Own);
         let text = kv_common::error_chain(&child.unwrap().wait().unwrap_err());
         assert!(text.contains("killed by signal 11"), "{text}");
     }
@@ -400,7 +426,7 @@ mod tests {
     fn a_child_that_cannot_write_says_why() {
         let (index, meta) = sample();
         let dir = scratch_dir("forked-nowhere").join("missing");
-        let error = spawn(&dir, 3, &index, &meta, TableImage::Fresh)
+        let error = spawn(&dir, 3, &index, 0..0, &meta, TableImage::Fresh)
             .unwrap()
             .wait()
             .unwrap_err();
@@ -419,20 +445,16 @@ mod tests {
     fn the_watchdog_kills_a_hung_child() {
         let (index, meta) = sample();
         let dir = scratch_dir("forked-hung");
-        let child = spawn(&dir, 4, &index, &meta, TableImage::Fresh).unwrap();
+        let child = spawn(&dir, 4, &index, 0..0, &meta, TableImage::Fresh).unwrap();
         // SAFETY: a signal to our own child, not yet reaped.
         unsafe { libc::kill(child.pid, libc::SIGSTOP) };
         let stopper = child.stopper();
-        let building = crate::durable::Building {
-            thread: crate::snapshot::spawn_builder(move || child.wait()).unwrap(),
-            child: Some(stopper),
-            started: Instant::now(),
-        };
+        let waiting = crate::snapshot::spawn_builder(move || child.wait()).unwrap();
         std::thread::sleep(Duration::from_millis(200));
-        assert!(!building.thread.is_finished(), "a stopped child finished");
-        assert!(!building.stop_if_hung(Duration::from_secs(60)));
-        assert!(building.stop_if_hung(Duration::from_millis(100)));
-        let text = kv_common::error_chain(&building.thread.join().unwrap().unwrap_err());
+        assert!(!waiting.is_finished(), "a stopped child finished");
+        assert!(!stopper.stop_if_hung(Duration::from_secs(60)));
+        assert!(stopper.stop_if_hung(Duration::from_millis(100)));
+        let text = kv_common::error_chain(&waiting.join().unwrap().unwrap_err());
         assert!(text.contains("killed by signal 9"), "{text}");
         assert!(!snapshot::path(&dir, 4).exists());
     }

@@ -21,6 +21,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Block table rebuilds (grown, or purged of stale entries), built beside queries before the change that needed them",
     ),
     (
+        "kv_indexer_writer_reader_waits_total",
+        "Times the writer waited for queries still reading the copy of the index it was about to change",
+    ),
+    (
         "kv_indexer_snapshot_failures_total",
         "Snapshots that failed to be written or published",
     ),
@@ -76,6 +80,10 @@ const GAUGES: &[(&str, &str)] = &[
         "Unix time of the last snapshot written (0: none since start)",
     ),
     (
+        "kv_indexer_writer_reader_wait_seconds",
+        "How long the writer last waited for queries still reading the copy of the index it was about to change, in seconds",
+    ),
+    (
         "kv_indexer_fleet_lag_seconds",
         "Seconds since this replica last knew it had applied the whole shared log (rises while the engine is unreachable)",
     ),
@@ -115,7 +123,7 @@ pub fn snapshot_written(bytes: u64, took: Duration) {
     metrics::gauge!("kv_indexer_snapshot_last_success_timestamp_seconds").set(now.as_secs_f64());
 }
 
-/// A block table rebuilt beside the index (see [`crate::cell::write_for`]), now holding
+/// A block table rebuilt on the writer's copy (see [`crate::cell::Changing::make_room`]), now holding
 /// `entries`.
 pub fn table_rebuilt(entries: usize, took: Duration) {
     metrics::counter!("kv_indexer_table_rebuilds_total").increment(1);
@@ -123,8 +131,14 @@ pub fn table_rebuilt(entries: usize, took: Duration) {
     tracing::debug!(
         entries,
         took_ms = took.as_millis() as u64,
-        "block table rebuilt beside queries"
+        "block table rebuilt on the writer's copy"
     );
+}
+
+/// The writer waited `took` for the last readers of the copy it was about to change.
+pub fn reader_wait(took: Duration) {
+    metrics::counter!("kv_indexer_writer_reader_waits_total").increment(1);
+    metrics::gauge!("kv_indexer_writer_reader_wait_seconds").set(took.as_secs_f64());
 }
 
 /// A snapshot build that failed (`Some`, with its error) or whose thread panicked (`None`):

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cell::IndexCell;
+use crate::cell::{IndexCell, IndexWriter};
 use crate::clock::now_ms;
 use crate::dir::StateDir;
 use crate::durable::Durable;
@@ -38,7 +38,8 @@ pub fn open(cell: &IndexCell, settings: &Settings) -> Result<Opened, StateError>
         });
     }
     let Some(path) = &settings.dir else {
-        let writer = Writer::start(cell.clone(), None, Meta::new(), settings.worker_ttl)
+        let index = IndexWriter::new(cell.clone());
+        let writer = Writer::start(index, None, Meta::new(), settings.worker_ttl)
             .map_err(StateError::Thread)?;
         return Ok(Opened {
             writer,
@@ -65,7 +66,9 @@ pub fn open(cell: &IndexCell, settings: &Settings) -> Result<Opened, StateError>
         "state recovered"
     );
     fresh_ttl(&mut meta, now_ms());
-    *cell.write() = index;
+    // Both copies: the published one, and the writer's clone of it.
+    let mut copies = IndexWriter::new(cell.clone());
+    copies.replace(index);
     crate::observe::index_size(stats, crate::meta::live_workers(&meta));
     let durable = Durable::new(
         dir,
@@ -74,7 +77,7 @@ pub fn open(cell: &IndexCell, settings: &Settings) -> Result<Opened, StateError>
         settings.sync,
         settings.snapshot_method,
     );
-    let writer = Writer::start(cell.clone(), Some(durable), meta, settings.worker_ttl)
+    let writer = Writer::start(copies, Some(durable), meta, settings.worker_ttl)
         .map_err(StateError::Thread)?;
     Ok(Opened {
         writer,

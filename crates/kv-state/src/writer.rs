@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
 use crate::apply::{Applied, apply_admitted, apply_record};
-use crate::cell::{AbortOnPanic, IndexCell};
+use crate::cell::{AbortOnPanic, Changing, IndexWriter};
 use crate::clock::now_ms;
 use crate::durable::{Building, Durable, WriteState, build_snapshot, prune, write_snapshot};
 use crate::error::{ChangeError, StateError};
@@ -80,7 +80,7 @@ impl Writer {
     /// its log (none: in memory), `meta` the workers' fencing and liveness state, `worker_ttl`
     /// the silence after which a worker is expired.
     pub fn start(
-        index: IndexCell,
+        index: IndexWriter,
         durable: Option<Durable>,
         meta: Meta,
         worker_ttl: Option<Duration>,
@@ -251,7 +251,7 @@ enum Accepted {
 }
 
 struct Thread {
-    index: IndexCell,
+    index: IndexWriter,
     meta: Meta,
     durable: Option<Durable>,
     /// A worker with no apply for this long is expired (`None`: never).
@@ -332,7 +332,7 @@ impl Thread {
             }
             // Applied before: answered at once, never logged twice.
             Ok(Gate::Duplicate) => {
-                let _ = apply.reply.send(Ok(self.index.read().stats()));
+                let _ = apply.reply.send(Ok(self.index.published().stats()));
                 None
             }
             Ok(gate) => {
@@ -361,9 +361,7 @@ impl Thread {
             }
             return;
         }
-        for change in accepted {
-            self.apply(change);
-        }
+        self.apply_all(accepted);
     }
 
     /// Appends the group to the log; why not, when the log cannot be written. A full disk is
@@ -397,48 +395,29 @@ impl Thread {
         }
     }
 
-    /// Applies one logged change to the index (a panic inside aborts, see [`AbortOnPanic`]).
-    fn apply(&mut self, change: Accepted) {
-        let blocks = match &change {
-            Accepted::Apply(apply) => apply.valid.reported_blocks(),
-            Accepted::Other { .. } => 0,
-        };
-        let mut index = crate::cell::write_for(&self.index, blocks);
-        let abort = AbortOnPanic("applying a logged change");
-        match change {
-            Accepted::Apply(PendingApply {
-                valid,
-                gate,
-                time_ms,
-                reply,
-                ..
-            }) => {
-                let applied = apply_admitted(&mut index, &mut self.meta, &valid, gate, time_ms);
-                drop(abort);
-                if let Ok(applied) = &applied {
-                    applied.note_live();
-                }
-                let stats = index.stats();
-                let retired = index.unlock();
-                crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
-                let _ = reply.send(applied.and_then(Applied::answer));
-                drop(retired);
+    /// Applies logged changes, in order, to the writer's copy of the index, publishes them
+    /// together, then answers each (so an answered change is seen by every later query). A
+    /// panic inside aborts, see [`AbortOnPanic`].
+    fn apply_all(&mut self, changes: Vec<Accepted>) {
+        let abort = AbortOnPanic("applying logged changes");
+        let mut answers = Vec::with_capacity(changes.len());
+        let mut retired = Vec::new();
+        let mut index = self.index.change();
+        for change in changes {
+            if let Accepted::Apply(apply) = &change {
+                retired.extend(index.make_room(apply.valid.reported_blocks()));
             }
-            Accepted::Other { record, reply } => {
-                let result = apply_record(&mut index, &mut self.meta, &record);
-                drop(abort);
-                // An expiry changes the sizes too, with no apply after it for a dead worker.
-                let stats = index.stats();
-                drop(index);
-                crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
-                if let Some(reply) = reply {
-                    let _ = reply.send(result.map(|applied| match applied {
-                        Applied::CountHits(matches) => matches,
-                        _ => Vec::new(),
-                    }));
-                }
-            }
+            answers.push(apply_change(&mut index, &mut self.meta, change));
         }
+        let stats = index.stats();
+        self.index.publish();
+        drop(abort);
+        crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
+        for answer in answers {
+            answer.send();
+        }
+        // A replaced block table is freed after the answers (freeing a large one takes a while).
+        drop(retired);
     }
 
     /// Expires the workers whose TTL ran out, unless that would be every live worker.
@@ -473,7 +452,9 @@ impl Thread {
         };
         if let Some(building) = durable.building.take() {
             if !building.thread.is_finished() {
-                building.stop_if_hung(crate::durable::SNAPSHOT_WATCHDOG);
+                if let Some(child) = &building.child {
+                    child.stop_if_hung(crate::durable::SNAPSHOT_WATCHDOG);
+                }
                 durable.building = Some(building);
                 return;
             }
@@ -508,7 +489,8 @@ impl Thread {
             SnapshotMethod::Rebuild => None,
         };
         let child = image.and_then(|image| {
-            crate::fork::spawn(&dir, to, &self.index.read(), &self.meta, image)
+            let spare = self.index.spare_table_memory();
+            crate::fork::spawn(&dir, to, &self.index.published(), spare, &self.meta, image)
                 .inspect_err(|error| {
                     warn!(%error, "cannot fork the snapshot process: building it from the log")
                 })
@@ -529,7 +511,6 @@ impl Thread {
                 durable.building = Some(Building {
                     thread,
                     child: stopper,
-                    started: Instant::now(),
                 })
             }
             Err(error) => {
@@ -576,7 +557,7 @@ impl Thread {
         let built = write_snapshot(
             durable.dir.path(),
             position,
-            &self.index.read(),
+            &self.index.published(),
             &self.meta,
             start,
         )?;
@@ -605,6 +586,58 @@ fn note_write_state(was: &WriteState, now: &WriteState, dir: &std::path::Path) {
         _ => {}
     }
     crate::observe::state_unwritable(!matches!(now, WriteState::Writable));
+}
+
+/// A change applied, with its caller's answer.
+enum Answer {
+    Apply(
+        oneshot::Sender<Result<IndexStats, ChangeError>>,
+        Result<IndexStats, ChangeError>,
+    ),
+    Other(
+        Option<oneshot::Sender<Result<Vec<NodeMatch>, ChangeError>>>,
+        Result<Vec<NodeMatch>, ChangeError>,
+    ),
+}
+
+impl Answer {
+    fn send(self) {
+        match self {
+            Answer::Apply(reply, result) => {
+                let _ = reply.send(result);
+            }
+            Answer::Other(Some(reply), result) => {
+                let _ = reply.send(result);
+            }
+            Answer::Other(None, _) => {}
+        }
+    }
+}
+
+/// Applies one logged change to `index` and `meta`; its answer is sent once it is published.
+fn apply_change(index: &mut Changing<'_>, meta: &mut Meta, change: Accepted) -> Answer {
+    match change {
+        Accepted::Apply(PendingApply {
+            valid,
+            gate,
+            time_ms,
+            reply,
+            ..
+        }) => {
+            let applied = apply_admitted(index, meta, &valid, gate, time_ms);
+            if let Ok(applied) = &applied {
+                applied.note_live();
+            }
+            Answer::Apply(reply, applied.and_then(Applied::answer))
+        }
+        Accepted::Other { record, reply } => {
+            let result = apply_record(index, meta, &record).map(|applied| match applied {
+                Applied::CountHits(matches) => matches,
+                _ => Vec::new(),
+            });
+            Answer::Other(reply, result)
+        }
+    }
 }
 
 impl Accepted {

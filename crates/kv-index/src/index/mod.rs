@@ -69,7 +69,7 @@ const CHUNK_COMPACTION_SLACK: u32 = if cfg!(debug_assertions) { 2 } else { 64 };
 const HOLDINGS_COMPACTION_SLACK: usize = if cfg!(debug_assertions) { 2 } else { 64 };
 
 /// The in-memory KV placement index. Pure: no I/O, no clock, no locking; the server wraps it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Index {
     /// Block hash -> where it is stored (maybe stale: see [`found_at`]).
     table: BlockTable,

@@ -17,7 +17,7 @@ use super::freshness::Freshness;
 use super::rollback::Rollback;
 use super::waiters::{Outcome, Waiters};
 use crate::apply::apply_record;
-use crate::cell::{AbortOnPanic, IndexCell};
+use crate::cell::{AbortOnPanic, Changing, IndexWriter};
 use crate::clock::now_ms;
 use crate::dir::StateDir;
 use crate::error::{ChangeError, StateError};
@@ -37,7 +37,7 @@ const UPKEEP: Duration = Duration::from_secs(1);
 pub(super) struct Applier {
     pub(super) config: StreamConfig,
     pub(super) replica: String,
-    pub(super) index: IndexCell,
+    pub(super) index: IndexWriter,
     pub(super) meta: Meta,
     /// The next position to apply.
     pub(super) next: u64,
@@ -173,14 +173,17 @@ impl Applier {
             self.check_last_applied()?;
         }
         let count = entries.len();
-        for entry in entries {
-            if entry.position != self.next {
-                return Err(Restart::Rebootstrap(format!(
-                    "the stream jumps from position {} to {}: entries were trimmed before this replica applied them",
-                    self.next, entry.position
-                )));
-            }
-            self.apply(entry);
+        let mut entries = entries;
+        // The entries in order from `next`; a jump means entries were trimmed before this
+        // replica applied them.
+        let jump = (0..count).find(|&i| entries[i].position != self.next + i as u64);
+        let after_jump = jump.map(|i| entries.split_off(i));
+        self.apply_all(entries);
+        if let Some(first) = after_jump.as_ref().and_then(|rest| rest.first()) {
+            return Err(Restart::Rebootstrap(format!(
+                "the stream jumps from position {} to {}: entries were trimmed before this replica applied them",
+                self.next, first.position
+            )));
         }
         self.freshness.position.store(self.next, Ordering::Relaxed);
         if count < READ_COUNT {
@@ -193,7 +196,7 @@ impl Applier {
             self.freshness.caught_up(read_at);
             self.freshness.ready.store(true, Ordering::Release);
             self.ready_since = Instant::now();
-            let stats = self.index.read().stats();
+            let stats = self.index.published().stats();
             info!(
                 position = self.next,
                 placements = stats.placements,
@@ -226,46 +229,43 @@ impl Applier {
         }
     }
 
-    /// Applies one entry and answers its job, if this replica accepted it.
-    fn apply(&mut self, entry: Entry) {
-        let result = Record::decode(&entry.record)
-            .map_err(|error| format!("does not decode: {error}"))
-            .map(|record| {
-                let mut index = crate::cell::write_for(&self.index, record.reported_blocks());
-                let abort = AbortOnPanic("applying a shared-log entry");
-                let applied = apply_record(&mut index, &mut self.meta, &record);
-                drop(abort);
-                let stats = index.stats();
-                (applied, stats, index.unlock())
-            });
-        self.next = entry.position + 1;
-        self.last_origin = Some(entry.origin.clone());
-        let waiter = entry
-            .origin
-            .strip_prefix(self.replica.as_str())
-            .and_then(|rest| rest.strip_prefix(':'))
-            .and_then(|number| number.parse::<u64>().ok());
-        match result {
-            Ok((applied, stats, retired)) => {
-                crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
-                match &applied {
-                    Ok(applied) => applied.note_live(),
-                    // Fenced alike on every replica: a zombie bridge, not a bad entry.
-                    Err(ChangeError::Fenced { .. }) => {}
-                    Err(error) => self.skip(&entry, &error.to_string()),
-                }
-                if let Some(number) = waiter {
-                    self.waiters.applied(number, Outcome::Applied(applied));
-                }
-                drop(retired);
-            }
-            Err(why) => {
-                self.skip(&entry, &why);
-                if let Some(number) = waiter {
-                    self.waiters.applied(number, Outcome::Lost);
-                }
-            }
+    /// Applies the entries read, in order, to this replica's copy of the index, publishes them
+    /// together, then answers the jobs this replica appended among them (an answered apply is
+    /// in its index). A panic inside aborts, see [`AbortOnPanic`].
+    fn apply_all(&mut self, entries: Vec<Entry>) {
+        let Some(last) = entries.last() else {
+            return;
+        };
+        self.next = last.position + 1;
+        self.last_origin = Some(last.origin.clone());
+        let abort = AbortOnPanic("applying shared-log entries");
+        let mut answers = Vec::with_capacity(entries.len());
+        let mut skipped = Vec::new();
+        let mut retired = Vec::new();
+        let mut index = self.index.change();
+        for entry in entries {
+            let waiter = entry
+                .origin
+                .strip_prefix(self.replica.as_str())
+                .and_then(|rest| rest.strip_prefix(':'))
+                .and_then(|number| number.parse::<u64>().ok());
+            let (outcome, skip, replaced) = apply_entry(&mut index, &mut self.meta, &entry);
+            answers.extend(waiter.map(|number| (number, outcome)));
+            skipped.extend(skip.map(|why| (entry, why)));
+            retired.extend(replaced);
         }
+        let stats = index.stats();
+        self.index.publish();
+        drop(abort);
+        crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
+        for (entry, why) in skipped {
+            self.skip(&entry, &why);
+        }
+        for (number, outcome) in answers {
+            self.waiters.applied(number, outcome);
+        }
+        // A replaced block table is freed after the answers (freeing a large one takes a while).
+        drop(retired);
     }
 
     fn skip(&mut self, entry: &Entry, why: &str) {
@@ -298,4 +298,35 @@ impl Applier {
             warn!(%error, dir = %dir.display(), "cannot drop the local snapshots of a rolled-back log");
         }
     }
+}
+
+/// Applies one entry to the replica's copy: what its job is answered, why it is skipped (if
+/// it is: every replica skips it alike), and the block table it replaced, if any.
+fn apply_entry(
+    index: &mut Changing<'_>,
+    meta: &mut Meta,
+    entry: &Entry,
+) -> (Outcome, Option<String>, Option<kv_index::SpareTable>) {
+    let record = match Record::decode(&entry.record) {
+        Ok(record) => record,
+        Err(error) => {
+            return (
+                Outcome::Lost,
+                Some(format!("does not decode: {error}")),
+                None,
+            );
+        }
+    };
+    let replaced = index.make_room(record.reported_blocks());
+    let applied = apply_record(index, meta, &record);
+    let skip = match &applied {
+        Ok(applied) => {
+            applied.note_live();
+            None
+        }
+        // Fenced alike on every replica: a zombie bridge, not a bad entry.
+        Err(ChangeError::Fenced { .. }) => None,
+        Err(error) => Some(error.to_string()),
+    };
+    (Outcome::Applied(applied), skip, replaced)
 }

@@ -71,10 +71,10 @@ impl Applier {
             }
         };
         let stats = index.stats();
-        // The old index is dropped after the lock is released. No fresh TTLs here (unlike a
-        // single server): the workers' last-seen times come from the log and must stay equal
-        // on every replica, since expiry records are applied against them.
-        let old = std::mem::replace(&mut *self.index.write(), index);
+        // Both copies replaced (the old ones dropped once their readers are done). No fresh
+        // TTLs here (unlike a single server): the workers' last-seen times come from the log
+        // and must stay equal on every replica, since expiry records are applied against them.
+        let old = self.index.replace(index);
         drop(old);
         self.meta = meta;
         self.next = position;

@@ -211,7 +211,7 @@ impl Applier {
         if self.base.as_ref().is_some_and(|b| b.position == self.next) {
             return Ok(());
         }
-        let bytes = snapshot::to_bytes(self.next, &self.index.read(), &self.meta);
+        let bytes = snapshot::to_bytes(self.next, &self.index.published(), &self.meta);
         write_local(&dir, &self.next, &bytes)
     }
 }

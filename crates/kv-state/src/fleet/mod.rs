@@ -44,7 +44,7 @@ use tracing::{info, warn};
 use self::appender::Appender;
 use self::applier::Applier;
 use self::waiters::Waiters;
-use crate::cell::IndexCell;
+use crate::cell::{IndexCell, IndexWriter};
 use crate::dir::StateDir;
 use crate::error::StateError;
 use crate::meta::Meta;
@@ -84,7 +84,7 @@ pub fn start(
     let applier = Applier {
         config: fleet.stream.clone(),
         replica: replica.clone(),
-        index: index.clone(),
+        index: IndexWriter::new(index),
         meta: Meta::new(),
         next: 0,
         ready_at: None,
