@@ -39,16 +39,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import crash_tests as ct  # noqa: E402  (router decisions)
-import fault_tests as ft  # noqa: E402  (traffic, worker views, settle, compare)
-import fleet_tests  # noqa: E402  (a replica's freshness, digests)
+import harness as h  # noqa: E402  (traffic, views, settle, replicas' /state, router decisions)
 
-ROOT = ft.ROOT
+ROOT = h.ROOT
 COMPOSE_DIR = os.path.join(ROOT, "deploy", "compose")
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.test.yml"]
 REPLICAS = ["indexer-0", "indexer-1"]
@@ -140,17 +137,11 @@ class Project:
         return json.loads(run(["docker", "inspect", self.container(service)]).stdout)[0]
 
 
-class ComposeFleet(ft.Fleet):
-    """fault_tests' Fleet (worker_views, index_view, over_claimed) and fleet_tests'
-    ReplicaFleet (fresh, wait_fresh, digests, wait_converged), for the containers: replica k
-    is REPLICAS[k]; the index is read with kv-indexer-ctl inside a replica's container, its
-    GET /state and the workers' /cache_view through the ports published on the loopback."""
-
-    fresh = fleet_tests.ReplicaFleet.fresh
-    wait_fresh = fleet_tests.ReplicaFleet.wait_fresh
-    wait_all_fresh = fleet_tests.ReplicaFleet.wait_all_fresh
-    digests = fleet_tests.ReplicaFleet.digests
-    wait_converged = fleet_tests.ReplicaFleet.wait_converged
+class ComposeFleet(h.Fleet, h.ReplicaViews):
+    """harness.py's Fleet (worker_views, index_view, over_claimed) and ReplicaViews (fresh,
+    wait_fresh, digests, wait_converged), for the containers: replica k is REPLICAS[k]; the
+    index is read with kv-indexer-ctl inside a replica's container, its GET /state and the
+    workers' /cache_view through the ports published on the loopback."""
 
     def __init__(self, project):  # not Fleet's: it starts processes, and here they run
         self.project = project
@@ -162,18 +153,10 @@ class ComposeFleet(ft.Fleet):
         self.router_url = project.url("router", 30080)
         self.admin = {}
 
-    def index_view(self, universe, endpoint=None):
-        held = {}
-        hashes = sorted(universe)
-        for start in range(0, len(hashes), ft.MAX_MATCH_HASHES):
-            chunk = hashes[start:start + ft.MAX_MATCH_HASHES]
-            out = self.project.exec(endpoint or self.endpoint, "kv-indexer-ctl", "--endpoint", GRPC, "--json",
-                                    "match", "--", *map(str, chunk))
-            for node in json.loads(out.stdout)["matches"]:
-                dest = held.setdefault(node["worker_id"], set())
-                for tier in node["tiers"]:
-                    dest.update((tier["tier"], h) for h in tier["hashes"])
-        return held
+    def match(self, endpoint, hashes):
+        """Fleet.index_view's `kv-indexer-ctl match`, in the container of replica `endpoint`."""
+        return self.project.exec(endpoint, "kv-indexer-ctl", "--endpoint", GRPC, "--json", "match", "--",
+                                 *map(str, hashes)).stdout
 
     def state(self, k):
         """Replica k's GET /state (its host port is looked up again after a failure: a
@@ -181,7 +164,7 @@ class ComposeFleet(ft.Fleet):
         if k not in self.admin:
             self.admin[k] = self.project.url(REPLICAS[k], 9090)
         try:
-            return ft.http_json(f"{self.admin[k]}/state", timeout=2)
+            return h.http_json(f"{self.admin[k]}/state", timeout=2)
         except Exception:
             self.admin.pop(k, None)
             raise
@@ -245,7 +228,7 @@ def wait_started(project, fleet):
         return project.inspect(service)["State"].get("Health", {}).get("Status") == "healthy"
 
     for service in [*WORKERS, *BRIDGES, "router"]:
-        ft.wait_until(lambda: healthy(service), f"{service} to be healthy", timeout=120, interval=0.5)
+        h.wait_until(lambda: healthy(service), f"{service} to be healthy", timeout=120, interval=0.5)
     time.sleep(1.0)  # the bridges subscribe (and replay from seq 0)
 
 
@@ -261,35 +244,11 @@ def restarts(project, services):
 
 # -- traffic through the router ------------------------------------------------------------------
 
-class Load:
-    """`threads` senders through the router until stopped; counts failures."""
-
-    def __init__(self, fleet, traffic, threads=4):
-        self.fleet, self.traffic = fleet, traffic
-        self.stop_event = threading.Event()
-        self.before = ct.router_decisions(fleet.router_url)
-        self.errors_before = traffic.errors
-        self.threads = [threading.Thread(target=self.loop, daemon=True) for _ in range(threads)]
-        for t in self.threads:
-            t.start()
-
-    def loop(self):
-        while not self.stop_event.is_set():
-            self.traffic.one(self.fleet.router_url)
-
-    def stop(self):
-        """Stops; returns (decisions by reason in the window, failed requests)."""
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(timeout=30)
-        return ct.diff(ct.router_decisions(self.fleet.router_url), self.before), self.traffic.errors - self.errors_before
-
-
 def routing_summary(decisions):
     """Routed, the hit ratio, and the blind decisions (the Indexer gave no signal) by reason."""
     routed = sum(decisions.values())
-    hits = ct.hit_decisions(decisions)
-    blind = ct.blind_decisions(decisions)
+    hits = h.hit_decisions(decisions)
+    blind = h.blind_decisions(decisions)
     return f"routed {routed}, hit {hits / max(routed, 1):.2f}, blind {sum(blind.values())} {blind or ''}".rstrip()
 
 
@@ -301,14 +260,14 @@ def routed_reason(fleet, traffic):
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         resp.read()
-        traffic.universe.update(ft.block_hashes(tokens))
+        traffic.universe.update(h.block_hashes(tokens))
         return resp.headers.get("x-routing-reason")
 
 
 def check_index(fleet, traffic, args):
     """Quiet: the index (every replica) against the workers' caches, and digests equal.
     Returns notes; raises when a replica over-claims, under-claims or differs."""
-    settled = ft.settle(fleet, traffic, time.time(), args)
+    settled = h.settle(fleet, traffic, time.time(), args)
     if settled["over"] or settled["under"]:
         raise RuntimeError(f"{REPLICAS[0]} against the workers: over {settled['over']}, under "
                            f"{settled['under']} (examples {settled['examples']})")
@@ -330,36 +289,34 @@ class Ctx:
 
 
 def case_route(c):
-    before = ct.router_decisions(c.fleet.router_url)
+    before = h.router_decisions(c.fleet.router_url)
     for _ in range(c.args.requests):
         c.traffic.one(c.fleet.router_url)
     reasons = [routed_reason(c.fleet, c.traffic) for _ in range(c.args.docs)]
-    decisions = ct.diff(ct.router_decisions(c.fleet.router_url), before)
+    decisions = h.diff(h.router_decisions(c.fleet.router_url), before)
     if c.traffic.errors:
         raise RuntimeError(f"{c.traffic.errors} requests failed")
-    if ct.hit_decisions(decisions) < c.args.requests // 2 or "cache_hit" not in reasons:
+    if h.hit_decisions(decisions) < c.args.requests // 2 or "cache_hit" not in reasons:
         raise RuntimeError(f"too few cache hits: {decisions}, x-routing-reason {reasons}")
     return f"{routing_summary(decisions)}; {check_index(c.fleet, c.traffic, c.args)}"
 
 
 def case_kill(c):
     k = 0
-    load = Load(c.fleet, c.traffic)
-    try:
-        time.sleep(1.0)
+
+    def kill(_load):
         c.project.docker("kill", REPLICAS[k])
         time.sleep(c.args.down_s)
         c.project.docker("start", REPLICAS[k])
-        back = c.fleet.wait_fresh(k)
-        time.sleep(1.0)
-    finally:
-        decisions, failed = load.stop()
+        return c.fleet.wait_fresh(k)
+
+    back, _, decisions, failed = h.routing_window(c.fleet.router_url, c.traffic, kill)
     gone = restarts(c.project, [*BRIDGES, *WORKERS, "router", REPLICAS[1]])
-    if failed or gone or not ct.hit_decisions(decisions):
+    if failed or gone or not h.hit_decisions(decisions):
         raise RuntimeError(f"{failed} requests failed; restarted or stopped: {gone}; decisions {decisions}")
     # The routers try the killed replica last once it has failed them: a few decisions may go
     # blind (it spent their budget), not a tenth of them (116-162 of 280 before, every one).
-    if sum(ct.blind_decisions(decisions).values()) > sum(decisions.values()) / 10:
+    if sum(h.blind_decisions(decisions).values()) > sum(decisions.values()) / 10:
         raise RuntimeError(f"blind routing while a replica was down: {routing_summary(decisions)}")
     return (f"serving {back:.2f} s after its start; 0 failed, {routing_summary(decisions)}; "
             f"{check_index(c.fleet, c.traffic, c.args)}")
@@ -377,7 +334,7 @@ def cut_off(c, k, network, seconds):
     run(["docker", "network", "disconnect", network, container])
     took = time.time() - began
     try:
-        ft.wait_until(lambda: not c.fleet.fresh(k), f"{replica} to stop serving", timeout=10, interval=0.01)
+        h.wait_until(lambda: not c.fleet.fresh(k), f"{replica} to stop serving", timeout=10, interval=0.01)
         stale_at = time.time()
         cut, (check_began, not_serving) = watch.times()
         during = serving(c.project, replica)
@@ -394,7 +351,7 @@ def case_partition(c):
         raise RuntimeError(f"{REPLICAS[k]} is not SERVING before the cut")
     # One sender: the log moves and the router is tested, and the CPU is left to the health
     # checks, whose own latency counts against the bound.
-    load = Load(c.fleet, c.traffic, threads=1)
+    load = h.RouterLoad(c.fleet.router_url, c.traffic, threads=1)
     try:
         time.sleep(1.0)
         health, began, stale, took, during, lags = cut_off(c, k, c.project.network_name("log"), 3.0)
@@ -436,7 +393,7 @@ def case_redis(c):
     before = index_sizes(c.fleet)
     start = time.time()
     c.project.docker("restart", "redis", "-t", "10")
-    ft.wait_until(lambda: c.project.inspect("redis")["State"].get("Health", {}).get("Status") == "healthy",
+    h.wait_until(lambda: c.project.inspect("redis")["State"].get("Health", {}).get("Status") == "healthy",
                   "redis to be healthy", timeout=60, interval=0.1)
     c.fleet.wait_all_fresh()
     back = time.time() - start
@@ -500,7 +457,7 @@ def main():
                                 ("--poll-s", float, 0.3), ("--seed", int, 23)]:
         ap.add_argument(flag, type=kind, default=default)
     args = ap.parse_args()
-    cases = ft.selected(ap, args.only, CASES)
+    cases = h.selected(ap, args.only, CASES)
     ensure_images(args)
 
     project = Project(f"kvtest{os.getpid()}{int(time.time()) % 100000}", args)
@@ -513,7 +470,7 @@ def main():
         fleet = ComposeFleet(project)
         wait_started(project, fleet)
         print(f"project {project.name} up and serving in {time.time() - started:.1f} s", file=sys.stderr)
-        ctx = Ctx(project, fleet, ft.Traffic(args, args.seed), args)
+        ctx = Ctx(project, fleet, h.Traffic(args, args.seed), args)
         for name in cases:
             rows.append((name, *run_case(name, ctx)))
     finally:

@@ -2,7 +2,7 @@
 """Crash tests of the durable Indexer with real processes on loopback: after the server dies
 and restarts on its state directory, does the index hold exactly what every worker holds?
 
-Fleet (from fault_tests.py): the Indexer with KV_INDEXER_STATE_DIR, --workers simulated SGLang
+Fleet (harness.py's): the Indexer with KV_INDEXER_STATE_DIR, --workers simulated SGLang
 workers with caches large enough that nothing is evicted (traffic after the fault could not
 refill what the index lost: only recovery can), one bridge per worker, and kv-indexer-router.
 
@@ -26,24 +26,23 @@ And `worker-gone`: a worker and its bridge killed for good, with KV_INDEXER_WORK
 its placements must be gone after the TTL and a sweep (0 phantom placements), the live
 worker's exact, and still gone after a restart.
 
-    scripts/crash_tests.py [--only kill9-batch,sigterm] [--workers 2] [--base-port 47600]
+    scripts/crash_tests.py [--only kill9-batch,sigterm] [--workers 2] [--base-port 27600]
+    scripts/crash_tests.py --short --no-build --bin-dir target/debug   # CI: the 4 crashes, ~1 min
 
 Exit status 1 when a case over-claims, under-claims where it must not, or changes the digest.
-Only the Python standard library; the binaries are built with cargo (release) unless --no-build.
+Only the Python standard library (the plumbing is harness.py); the binaries come from --bin-dir
+(default target/release, under $CARGO_TARGET_DIR when set), built there unless --no-build.
 """
 
 import argparse
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fault_tests as ft  # noqa: E402  (the fleet, traffic and views are shared)
+import harness as h  # noqa: E402  (processes, the fleet, traffic, settle, the router)
 
 CASES = {
     # name: (server flags, the fault, under-claims allowed, description)
@@ -56,55 +55,15 @@ CASES = {
 }
 
 
-def state(admin):
-    import json
-    with urllib.request.urlopen(f"http://{admin}/state", timeout=10) as r:
-        return json.loads(r.read())
-
-
-def router_decisions(url):
-    """{reason: count} from the router's kv_router_decisions_total."""
-    counts = {}
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("kv_router_decisions_total{"):
-                labels, value = line.rsplit(" ", 1)
-                reason = labels.split('reason="', 1)[1].split('"', 1)[0]
-                counts[reason] = counts.get(reason, 0) + int(float(value))
-    return counts
-
-
-# Decisions made on the Indexer's signal: a confirmed or predicted match, or an answer that no
-# worker holds the prompt. Every other reason is blind (the Indexer gave no signal).
-HIT_REASONS = ("cache_hit", "predicted_hit")
-INFORMED_REASONS = (*HIT_REASONS, "no_usable_match")
-
-
-def blind_decisions(decisions):
-    """The decisions the Indexer gave no signal for, by reason."""
-    return {k: v for k, v in decisions.items() if k not in INFORMED_REASONS}
-
-
-def hit_decisions(decisions):
-    """Decisions routed on a match (confirmed or predicted)."""
-    return sum(decisions.get(k, 0) for k in HIT_REASONS)
-
-
-def diff(after, before):
-    return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before) if after.get(k, 0) != before.get(k, 0)}
+# --short (CI): every way the server goes down with its state, with less traffic.
+SHORT = ["kill9-batch", "kill9-always", "sigterm", "kill9-snapshot"]
+SHORT_DEFAULTS = dict(before=15, during_s=1.0)
+BINARIES = ["kv-indexer-server", "kv-indexer-sim", "kv-indexer-bridge", "kv-indexer-ctl", "kv-indexer-router"]
 
 
 def wait_ready(admin, timeout=60.0):
-    start = time.time()
-
-    def ready():
-        try:
-            return state(admin)["ready"]
-        except Exception:
-            return False
-
-    ft.wait_until(ready, "the restarted server to be SERVING", timeout=timeout, interval=0.01)
-    return time.time() - start
+    """Waits until the server on `admin` is SERVING; returns the seconds it took."""
+    return h.wait_state(admin, "ready", "the restarted server to be SERVING", timeout=timeout)
 
 
 def kill_in_snapshot(fleet, state_dir, timeout=30.0):
@@ -117,38 +76,36 @@ def kill_in_snapshot(fleet, state_dir, timeout=30.0):
     while time.time() < deadline:
         now = segments()
         if now - known:
-            fleet.server.popen.send_signal(signal.SIGKILL)
-            fleet.server.popen.wait(timeout=10)
+            fleet.server.kill9()
             return sorted(os.listdir(state_dir))
         time.sleep(0.0005)
     raise RuntimeError("no snapshot started")
 
 
+def durable_fleet(args, logs, ports, *flags):
+    """A fleet whose server keeps its state in logs/state, /state on ports.addr("admin");
+    returns it and the state directory."""
+    state_dir = os.path.join(logs, "state")
+    os.makedirs(logs)
+    server_extra = ["--state-dir", state_dir, "--metrics-addr", ports.addr("admin"), *flags]
+    return h.Fleet(args, logs, server_extra=server_extra, ports=ports), state_dir
+
+
 def run_case(args, name, logs_root, seed):
     flags, fault, under_ok, _ = CASES[name]
-    logs = os.path.join(logs_root, name)
-    os.makedirs(logs)
-    state_dir = os.path.join(logs, "state")
-    admin = f"{ft.HOST}:{args.base_port + 1}"
-    server_extra = ["--state-dir", state_dir, "--metrics-addr", admin, *flags]
-    fleet = ft.Fleet(args, logs, server_extra=server_extra)
-    router_port = args.base_port + 2
-    router_url = f"http://{ft.HOST}:{router_port}"
-    router = ft.Proc(logs, "router", [f"{ft.BIN}/kv-indexer-router", "--listen-addr", f"{ft.HOST}:{router_port}",
-                                      "--worker-urls", ",".join(fleet.urls), "--kv-indexer-endpoint", fleet.endpoint,
-                                      "--cache-affinity-min-matched-tokens", "16"])
-    ft.wait_until(lambda: ft.http_ok(f"{router_url}/health"), "the router")
-    traffic = ft.Traffic(args, seed)
+    ports = h.Ports(args.base_port)
+    admin = ports.addr("admin")
+    traffic = h.Traffic(args, seed)
     try:
+        fleet, state_dir = durable_fleet(args, os.path.join(logs_root, name), ports, *flags)
+        _, router_url = h.start_router(fleet.logs, ports, fleet.urls, [fleet.endpoint])
         traffic.burst(fleet.urls, args.before)
         stop, thread = traffic.background(fleet.urls)
         time.sleep(args.during_s)
         stop.set()
         thread.join(timeout=60)
-        settled = ft.settle(fleet, traffic, time.time(), args)
-        if settled["over"] or settled["under"]:
-            raise RuntimeError(f"the index did not match the workers before the fault: {settled}")
-        before = state(admin)
+        settled = h.settle_exactly(fleet, traffic, args)
+        before = h.admin_state(admin)
         if fault == "kill":
             fleet.server.kill9()
         elif fault == "kill-in-snapshot":
@@ -156,68 +113,57 @@ def run_case(args, name, logs_root, seed):
             # snapshot (every second while the log grows), and the kill lands in it.
             files = kill_in_snapshot(fleet, state_dir)
         else:
-            fleet.server.popen.send_signal(signal.SIGTERM)
-            fleet.server.popen.wait(timeout=30)
+            fleet.server.term()
         if fault != "kill-in-snapshot":
             files = sorted(os.listdir(state_dir))
-        placements_before = settled["expected"]
         fleet.server.start()
         to_serving = wait_ready(admin)
-        after = state(admin)
-        workers = fleet.worker_views()
-        universe = traffic.universe | {h for v in workers.values() for _, h in v}
-        index = fleet.index_view(universe)
-        expected, held, over, under, examples = ft.compare(workers, index)
-        result = dict(before=placements_before, after=held, over=over, under=under, to_serving=to_serving,
-                      digest_equal=(before is None or before["digest"] == after["digest"]),
+        after = h.admin_state(admin)
+        _, held, over, under, examples = fleet.check(traffic)
+        result = dict(before=settled["expected"], after=held, over=over, under=under, to_serving=to_serving,
+                      digest_equal=before["digest"] == after["digest"],
                       files=" ".join(f for f in files if not f.startswith("LOCK")),
                       disk_bytes=sum(os.path.getsize(os.path.join(state_dir, f)) for f in os.listdir(state_dir)),
                       examples=examples, under_ok=under_ok)
         result.update(routing_window(args, fleet, traffic, router_url, admin))
         return result
     finally:
-        ft.stop_all()
+        h.stop_all()
 
 
 def worker_gone(args, logs_root, seed, ttl_s=3):
     """A worker and its bridge killed for good: its placements must go after the TTL and a
     sweep (0 phantom placements), the other worker's stay exact, and a restart agrees."""
-    logs = os.path.join(logs_root, "worker-gone")
-    os.makedirs(logs)
-    state_dir = os.path.join(logs, "state")
-    admin = f"{ft.HOST}:{args.base_port + 1}"
-    fleet = ft.Fleet(args, logs, server_extra=["--state-dir", state_dir, "--metrics-addr", admin,
-                                               "--worker-ttl-s", str(ttl_s)])
-    traffic = ft.Traffic(args, seed)
+    ports = h.Ports(args.base_port)
+    traffic = h.Traffic(args, seed)
     try:
+        fleet, _ = durable_fleet(args, os.path.join(logs_root, "worker-gone"), ports, "--worker-ttl-s", str(ttl_s))
         traffic.burst(fleet.urls, args.before)
-        settled = ft.settle(fleet, traffic, time.time(), args)
-        if settled["over"] or settled["under"]:
-            raise RuntimeError(f"the index did not match the workers before the fault: {settled}")
+        h.settle_exactly(fleet, traffic, args)
         gone, alive = fleet.ids[-1], fleet.ids[:-1]
         views = fleet.worker_views()
-        universe = traffic.universe | {h for v in views.values() for _, h in v}
-        phantom_at_kill = len(fleet.index_view(universe).get(gone, set()))
-        fleet.bridges[-1].kill9()
-        fleet.sims[-1].kill9()
-        killed = time.time()
+        universe = h.universe(traffic, views)
 
         def phantoms():
             return len(fleet.index_view(universe).get(gone, set()))
 
-        ft.wait_until(lambda: phantoms() == 0, "the dead worker's placements to go", timeout=ttl_s + 30, interval=0.1)
+        phantom_at_kill = phantoms()
+        fleet.bridges[-1].kill9()
+        fleet.sims[-1].kill9()
+        killed = time.time()
+        h.wait_until(lambda: phantoms() == 0, "the dead worker's placements to go", timeout=ttl_s + 30, interval=0.1)
         purged_after = time.time() - killed
         live_views = {w: v for w, v in views.items() if w in alive}
         index = fleet.index_view(universe)
-        _, _, over, under, _ = ft.compare(live_views, {w: v for w, v in index.items() if w in alive})
+        _, _, over, under, _ = h.compare(live_views, {w: v for w, v in index.items() if w in alive})
         fleet.server.kill9()
         fleet.server.start()
-        wait_ready(admin)
+        wait_ready(ports.addr("admin"))
         phantom_after_restart = phantoms()
         return dict(phantom_at_kill=phantom_at_kill, purged_after=purged_after, over=over, under=under,
                     phantom_after_restart=phantom_after_restart, ttl_s=ttl_s)
     finally:
-        ft.stop_all()
+        h.stop_all()
 
 
 def older_state(args, logs_root, seed, capacity_tokens=4096):
@@ -226,40 +172,37 @@ def older_state(args, logs_root, seed, capacity_tokens=4096):
     batches were applied. Their next numbered apply shows the gap; the worker is cleared and
     re-synced from its publisher's buffer. Small caches, so the workers evict (drop) blocks."""
     logs = os.path.join(logs_root, "older-state")
-    os.makedirs(logs)
-    state_dir = os.path.join(logs, "state")
-    admin = f"{ft.HOST}:{args.base_port + 1}"
+    ports = h.Ports(args.base_port)
+    admin = ports.addr("admin")
     small = argparse.Namespace(**{**vars(args), "capacity_tokens": capacity_tokens,
                                   "host_capacity_tokens": capacity_tokens})
-    fleet = ft.Fleet(small, logs, server_extra=["--state-dir", state_dir, "--metrics-addr", admin])
-    traffic = ft.Traffic(small, seed)
+    traffic = h.Traffic(small, seed)
     try:
+        fleet, state_dir = durable_fleet(small, logs, ports)
         traffic.burst(fleet.urls, args.before)
-        ft.settle(fleet, traffic, time.time(), small)
-        fleet.server.popen.send_signal(signal.SIGTERM)
-        fleet.server.popen.wait(timeout=30)
+        h.settle(fleet, traffic, time.time(), small)
+        fleet.server.term()
         older = os.path.join(logs, "state-older")
         shutil.copytree(state_dir, older, ignore=shutil.ignore_patterns("LOCK"))
         fleet.server.start()
         wait_ready(admin)
         traffic.burst(fleet.urls, args.before)
-        newer = ft.settle(fleet, traffic, time.time(), small)
-        fleet.server.popen.send_signal(signal.SIGTERM)
-        fleet.server.popen.wait(timeout=30)
+        newer = h.settle(fleet, traffic, time.time(), small)
+        fleet.server.term()
         shutil.rmtree(state_dir)
         shutil.copytree(older, state_dir)
         fleet.server.start()
         to_serving = wait_ready(admin)
         served = time.time()
         over_at_start = fleet.over_claimed(traffic)
-        ft.wait_until(lambda: fleet.over_claimed(traffic) == 0, "no over-claim", timeout=30, interval=0.05)
+        h.wait_until(lambda: fleet.over_claimed(traffic) == 0, "no over-claim", timeout=30, interval=0.05)
         over_zero_s = time.time() - served
-        settled = ft.settle(fleet, traffic, time.time(), small)
+        settled = h.settle(fleet, traffic, time.time(), small)
         return dict(before=newer["expected"], over_at_start=over_at_start, over_zero_s=over_zero_s,
                     to_serving=to_serving, over=settled["over"], under=settled["under"],
-                    digest=state(admin)["digest"])
+                    digest=h.admin_state(admin)["digest"])
     finally:
-        ft.stop_all()
+        h.stop_all()
 
 
 def worker_gone_report(g):
@@ -283,34 +226,12 @@ SPECIAL_CASES = [("worker-gone", worker_gone, worker_gone_report),
 
 def routing_window(args, fleet, traffic, router_url, admin):
     """Requests through the router while the server is killed and restarted: decisions by reason."""
-    before = router_decisions(router_url)
-    stop = threading.Event()
-    sent = [0]
+    def fault(_load):
+        fleet.server.restart(down_s=args.down_s)
+        wait_ready(admin)
 
-    def loop():
-        while not stop.is_set():
-            try:
-                traffic.one(router_url)
-                sent[0] += 1
-            except Exception:
-                pass
-
-    workers = [threading.Thread(target=loop, daemon=True) for _ in range(4)]
-    for w in workers:
-        w.start()
-    time.sleep(1.0)
-    fleet.server.kill9()
-    down_at = time.time()
-    time.sleep(args.down_s)
-    fleet.server.start()
-    wait_ready(admin)
-    window = time.time() - down_at
-    time.sleep(1.0)
-    stop.set()
-    for w in workers:
-        w.join(timeout=30)
-    decisions = diff(router_decisions(router_url), before)
-    blind = sum(blind_decisions(decisions).values())
+    _, window, decisions, _ = h.routing_window(router_url, traffic, fault)
+    blind = sum(h.blind_decisions(decisions).values())
     return dict(routed=sum(decisions.values()), blind=blind, window_s=window, decisions=decisions)
 
 
@@ -318,16 +239,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join([*CASES, "worker-gone", "older-state"]),
                     help="comma-separated cases: " + ", ".join(CASES) + ", worker-gone, older-state")
-    ft.add_fleet_args(ap, workers=2, base_port=47600, docs=24, capacity_tokens=1 << 20,
-                      host_capacity_tokens=1 << 20, stable_s=3.0, deadline_s=40.0, poll_s=0.2, seed=11)
+    h.add_fleet_args(ap, workers=2, base_port=27600, docs=24, capacity_tokens=1 << 20,
+                     host_capacity_tokens=1 << 20, stable_s=3.0, deadline_s=40.0, poll_s=0.2, seed=11)
     ap.add_argument("--before", type=int, default=40)
     ap.add_argument("--after", type=int, default=0)
     ap.add_argument("--during-s", type=float, default=2.5)
-    args = ap.parse_args()
-    cases = ft.selected(ap, args.only, [*CASES, *(name for name, _, _ in SPECIAL_CASES)])
-    ft.build(args, "sgl-kv-indexer", "kv-indexer-tools", "kv-indexer-router")
+    args = h.parse_args(ap, SHORT, **SHORT_DEFAULTS)
+    cases = h.selected(ap, args.only, [*CASES, *(name for name, _, _ in SPECIAL_CASES)])
+    h.build(args, "sgl-kv-indexer", "kv-indexer-tools", "kv-indexer-router", binaries=BINARIES)
     logs_root = tempfile.mkdtemp(prefix="kv-crash-tests-")
-    signal.signal(signal.SIGTERM, lambda s, _f: (ft.stop_all(), sys.exit(128 + s)))
     rows, failed = [], False
     for name, run, report in SPECIAL_CASES:
         if name not in cases:
@@ -340,8 +260,8 @@ def main():
         except Exception as error:
             print(f"  {name} failed: {error}", file=sys.stderr)
             failed = True
-    case_rows, case_failed = ft.run_cases(cases, lambda name: CASES[name][3],
-                                          lambda name, k: run_case(args, name, logs_root, args.seed + k))
+    case_rows, case_failed = h.run_cases(cases, lambda name: CASES[name][3],
+                                         lambda name, k: run_case(args, name, logs_root, args.seed + k))
     rows += case_rows
     failed |= case_failed
     for name, r in case_rows:
@@ -368,7 +288,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    finally:
-        ft.stop_all()
+    h.run_main(main)

@@ -36,7 +36,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_tests import BIN, HOST, build  # noqa: E402  (the scripts' shared helpers)
+from harness import BIN, HOST, build  # noqa: E402  (the scripts' shared helpers)
 from overload import pinned  # noqa: E402  (taskset when there are two CPUs)
 
 

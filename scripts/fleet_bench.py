@@ -30,8 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import durable_bench as db  # noqa: E402  (Server, churn, preload_flags, the shared options)
-import fleet_tests  # noqa: E402  (redis_command)
-from fault_tests import build  # noqa: E402  (the scripts' shared helpers)
+import harness  # noqa: E402  (the scripts' shared helpers: build, redis_command)
 
 KEY = "sgl-kv-indexer:events"
 # Every process started, stopped by pid whatever happens (see main).
@@ -46,7 +45,7 @@ def server(port, logs, extra):
 
 def redis_command(port, *args):
     """One command; MEMORY USAGE of a long stream may take a while."""
-    return fleet_tests.redis_command(port, *args, timeout=600)
+    return harness.redis_command(port, *args, timeout=600)
 
 
 class Redis:
@@ -207,7 +206,7 @@ def main():
     args = db.parse_bench_args(ap)
     if not shutil.which("redis-server"):
         ap.error("redis-server is not installed: run scripts/install_redis.sh")
-    build(args, "sgl-kv-indexer", "kv-indexer-tools")
+    harness.build(args, "sgl-kv-indexer", "kv-indexer-tools")
     logs = tempfile.mkdtemp(prefix="kv-fleet-bench-")
     print(f"machine: {os.cpu_count()} CPUs; replicas on CPU 0, the load generator on CPU 1, Redis unpinned; "
           f"logs {logs}")

@@ -47,7 +47,7 @@ import sys
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fault_tests as ft  # noqa: E402
+import harness  # noqa: E402
 import routing_bench as rb  # noqa: E402
 
 POLICIES = {
@@ -354,7 +354,7 @@ class SmgFleet(rb.Fleet):
 
     def wait_router(self, i):
         url = f"http://{self.routers[i]}/readiness"
-        ft.wait_until(lambda: json.load(urllib.request.urlopen(url, timeout=1)).get("healthy_workers")
+        harness.wait_until(lambda: json.load(urllib.request.urlopen(url, timeout=1)).get("healthy_workers")
                       == len(self.urls), url)
 
 
@@ -363,4 +363,4 @@ class SmgMeshFleet(SmgFleet):
 
 
 if __name__ == "__main__":
-    ft.run_main(main)
+    harness.run_main(main)

@@ -31,7 +31,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_tests import BIN  # noqa: E402  (the scripts' shared helpers)
+from harness import BIN  # noqa: E402  (the scripts' shared helpers)
 from overload import cpu_times, pinned  # noqa: E402  (CPU by thread role, from /proc)
 
 

@@ -53,7 +53,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_tests import BIN, build, rss_mib  # noqa: E402  (the scripts' shared helpers)
+from harness import BIN, build, rss_mib  # noqa: E402  (the scripts' shared helpers)
 
 # Thread names (15 characters at most, as the kernel keeps them) -> what they do.
 THREADS = {"tokio-rt-worker": "runtime", "kv-indexer-quer": "queries",

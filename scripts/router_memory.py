@@ -25,7 +25,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fault_tests as ft  # noqa: E402  (waiting, health checks and stopping are shared)
+import harness  # noqa: E402  (waiting, health checks and stopping are shared)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,10 +64,10 @@ class Fleet:
             "--worker-urls", ",".join(urls), "--kv-indexer-endpoint", f"http://{self.indexer}",
             "--cache-affinity-min-matched-tokens", "32"])
         for url in urls:
-            ft.wait_until(lambda url=url: ft.http_ok(f"{url}/health"), f"{url}/health")
-        ft.wait_until(lambda: ft.http_ok(f"http://127.0.0.1:{self.router_port}/health"), "the router's /health")
+            harness.wait_until(lambda url=url: harness.http_ok(f"{url}/health"), f"{url}/health")
+        harness.wait_until(lambda: harness.http_ok(f"http://127.0.0.1:{self.router_port}/health"), "the router's /health")
         # The router asks the Indexer only once it has learned the block size.
-        ft.wait_until(lambda: generate(self.connection(), [1, 2, 3])[1] != "hashing_unknown",
+        harness.wait_until(lambda: generate(self.connection(), [1, 2, 3])[1] != "hashing_unknown",
                       "the router to learn the block size")
 
     def connection(self):
@@ -80,7 +80,7 @@ class Fleet:
         return proc
 
     def stop(self):
-        ft.stop(self.procs, timeout=10)
+        harness.stop(self.procs, timeout=10)
 
 
 def generate(conn, tokens):

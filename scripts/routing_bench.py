@@ -54,7 +54,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fault_tests as ft  # noqa: E402  (waiting, health checks and stopping are shared)
+import harness  # noqa: E402  (waiting, health checks and stopping are shared)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACES = {
@@ -229,7 +229,7 @@ class Fleet:
         self.routers = [f"127.0.0.1:{port + 1 + i}" for i in range(routers)]
         self.router_procs = [self.start_router(i) for i in range(routers)]
         for url in self.urls:
-            ft.wait_until(lambda url=url: ft.http_ok(f"{url}/health"), f"{url}/health")
+            harness.wait_until(lambda url=url: harness.http_ok(f"{url}/health"), f"{url}/health")
         for i in range(routers):
             self.wait_router(i)
         time.sleep(1.5)  # bridges subscribe; the routers learn the block size
@@ -245,7 +245,7 @@ class Fleet:
 
     def wait_router(self, i):
         url = f"http://{self.routers[i]}/health"
-        ft.wait_until(lambda: ft.http_ok(url), url)
+        harness.wait_until(lambda: harness.http_ok(url), url)
 
     def restart_router(self, i):
         """kill -9 router `i`, start it again and wait until it answers; seconds it was down."""
@@ -271,7 +271,7 @@ class Fleet:
         for proc in self.procs:
             if proc.session:
                 kill_group(proc)
-        ft.stop(self.procs, timeout=10)
+        harness.stop(self.procs, timeout=10)
 
 
 def kill_group(proc):

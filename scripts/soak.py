@@ -2,7 +2,7 @@
 """Soak run: simulated workers churning their caches for minutes; the Indexer's memory and size
 must stay flat and, at the end, the index must equal the workers' own cache views.
 
-Starts the fleet of `fault_tests.py` (the Indexer, --workers simulated SGLang workers with small
+Starts the fleet of `harness.py` (the Indexer, --workers simulated SGLang workers with small
 device and host caches so that steady traffic evicts on both tiers, one bridge each, replay on)
 and sends /generate traffic for --minutes. Every --sample-s it prints: elapsed time, requests
 so far, the server's and the bridges' resident memory (VmRSS), the index's placements and
@@ -25,8 +25,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fault_tests  # noqa: E402  (the fleet, the traffic and the comparison)
-from fault_tests import Fleet, Traffic, add_fleet_args, build, rss_mib, run_main, settle, stop_all  # noqa: E402
+from harness import HOST, Fleet, Traffic, add_fleet_args, build, rss_mib, run_main, settle, stop_all  # noqa: E402
 
 
 def gauges(metrics_url):
@@ -50,10 +49,10 @@ def main():
     build(args, "sgl-kv-indexer", "kv-indexer-tools")
     logs = tempfile.mkdtemp(prefix="kv-soak-")
     metrics_port = args.base_port + 1
-    metrics_url = f"http://{fault_tests.HOST}:{metrics_port}/metrics"
+    metrics_url = f"http://{HOST}:{metrics_port}/metrics"
     samples = []
     try:
-        fleet = Fleet(args, logs, server_extra=("--metrics-addr", f"{fault_tests.HOST}:{metrics_port}"))
+        fleet = Fleet(args, logs, server_extra=("--metrics-addr", f"{HOST}:{metrics_port}"))
         traffic = Traffic(args, args.seed)
         stop, thread = traffic.background(fleet.urls)
         start = time.time()
