@@ -1,11 +1,14 @@
 //! The combined run: one thread applies the second half of a configuration's stored pages while
 //! another answers the trace's prefix queries, round after round, until the applies are done.
 //!
-//! - kv-index as the server arranges it: the index behind a `parking_lot::RwLock` (task-fair:
-//!   a waiting writer holds new readers back), the applier taking the write lock for each apply
-//!   (the server's writer thread does the same, one record at a time), the querier a read lock
-//!   for each `match_prefix_hits` (with `PEER_COMBINED_FAIR=1` the applier unlocks fairly,
-//!   handing the lock to a waiting querier: not what the server does, a measured alternative);
+//! - kv-index as the server arranges it (`PEER_COMBINED_CELL=left-right`, the default): the
+//!   server's own `kv_state::cell`, two copies; the applier changes the unpublished one and
+//!   publishes every 100 µs of applying (`cell::PUBLISH_AFTER`, as the server's writer does
+//!   while applies are queued), the querier takes the published copy for each
+//!   `match_prefix_hits`. As the server was before 2026-12-03 (`rwlock`): the index behind a
+//!   `parking_lot::RwLock`, the applier taking the write lock for each apply, the querier a read
+//!   lock per query; `rwlock-fair` hands the lock to a waiting querier at each unlock (a
+//!   measured alternative the server never used);
 //! - the peer with `PEER_COMBINED_THREADS` write threads (default 1): the applier enqueues its
 //!   stored events and waits for the barrier, the querier calls `find_matches` inline, as
 //!   Dynamo's router does.
@@ -19,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use dynamo_kv_router::protocols::RouterEvent;
 use kv_index::{Index, ValidApply};
+use kv_state::cell::{self, IndexChange, IndexWriter};
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::peer::{self, Peer};
@@ -69,12 +73,18 @@ pub fn applies(replay: &Replay) -> Vec<(ValidApply, usize)> {
     for (r, &held) in replay.reported_from.iter().enumerate() {
         let hashes = replay.pages.request(r);
         for (start, chunk) in reports(hashes, held) {
-            let mut report = action(REPORT, chunk.to_vec(), vec![replay.page_tokens; chunk.len()]);
+            let mut report = action(
+                REPORT,
+                chunk.to_vec(),
+                vec![replay.page_tokens; chunk.len()],
+            );
             if replay.hints && start > 0 {
                 report.parent_block_hash = Some(hashes[start - 1]);
             }
             let request = fleet.apply_request(replay.fleet.assignment[r], report);
-            let valid = request.validate().expect("the benchmark builds valid applies");
+            let valid = request
+                .validate()
+                .expect("the benchmark builds valid applies");
             applies.push((valid, chunk.len()));
         }
     }
@@ -101,10 +111,37 @@ fn answer_until(
     ns
 }
 
+/// How kv-index's applier and querier share the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrangement {
+    /// The server's cell: two copies, readers never wait (`kv_state::cell`).
+    LeftRight,
+    /// One copy behind a `parking_lot::RwLock`, dropped plainly (the server before 2026-12-03).
+    RwLock,
+    /// The same, unlocked fairly (`unlock_fair`).
+    RwLockFair,
+}
+
+impl Arrangement {
+    /// `PEER_COMBINED_CELL`: `left-right` (default), `rwlock` or `rwlock-fair`.
+    pub fn from_env() -> Arrangement {
+        match std::env::var("PEER_COMBINED_CELL")
+            .as_deref()
+            .map(str::trim)
+        {
+            Err(_) | Ok("left-right") => Arrangement::LeftRight,
+            Ok("rwlock") => Arrangement::RwLock,
+            Ok("rwlock-fair") => Arrangement::RwLockFair,
+            Ok(other) => panic!("PEER_COMBINED_CELL={other}: left-right, rwlock or rwlock-fair"),
+        }
+    }
+}
+
 /// kv-index: the first half of `applies` untimed, then the second half against the querier.
-/// The applier drops its write lock as the server's writer does, or with `fair` hands it to the
-/// waiting querier (`unlock_fair`), an arrangement the server does not use.
-pub fn ours(pages: &Pages, applies: &[(ValidApply, usize)], fair: bool) -> Combined {
+pub fn ours(pages: &Pages, applies: &[(ValidApply, usize)], arrangement: Arrangement) -> Combined {
+    if arrangement == Arrangement::LeftRight {
+        return ours_left_right(pages, applies);
+    }
     let (before, timed) = applies.split_at(applies.len() / 2);
     let index = Arc::new(RwLock::new(Index::new()));
     for (valid, _) in before {
@@ -124,7 +161,7 @@ pub fn ours(pages: &Pages, applies: &[(ValidApply, usize)], fair: bool) -> Combi
         for (valid, _) in timed {
             let mut writer = index.write();
             writer.apply(valid);
-            if fair {
+            if arrangement == Arrangement::RwLockFair {
                 RwLockWriteGuard::unlock_fair(writer);
             }
         }
@@ -133,6 +170,52 @@ pub fn ours(pages: &Pages, applies: &[(ValidApply, usize)], fair: bool) -> Combi
         let ns = querier.join().expect("the querier ran");
         let all: usize = applies.iter().map(|(_, n)| n).sum();
         assert_eq!(index.read().stats().placements, all, "every page placed");
+        Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns)
+    })
+}
+
+/// [`ours`] on the server's cell: each apply made on the writer's copy (its table grown there
+/// first), published every [`cell::PUBLISH_AFTER`] of applying, as the server's writer does
+/// when applies are always queued.
+fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
+    let (before, timed) = applies.split_at(applies.len() / 2);
+    let mut first = Index::new();
+    for (valid, _) in before {
+        first.apply(valid);
+    }
+    let cell = cell::empty();
+    let mut writer = IndexWriter::new(cell.clone());
+    writer.replace(first);
+    let start = Barrier::new(2);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let querier = scope.spawn(|| {
+            answer_until(pages, &start, &done, |r| {
+                let answer = cell.read().match_prefix_hits(pages.request(r), 0);
+                std::hint::black_box(answer).expect("valid query");
+            })
+        });
+        start.wait();
+        let began = Instant::now();
+        let mut slice = Instant::now();
+        for (valid, _) in timed {
+            let mut index = writer.change();
+            let retired = index.make_room(valid.reported_blocks());
+            index.apply(valid);
+            // As the server's writer with applies always queued: a publication per slice.
+            if slice.elapsed() >= cell::PUBLISH_AFTER {
+                writer.publish();
+                slice = Instant::now();
+            }
+            drop(retired);
+        }
+        writer.publish();
+        let wall = began.elapsed();
+        done.store(true, Ordering::Relaxed);
+        let ns = querier.join().expect("the querier ran");
+        let all: usize = applies.iter().map(|(_, n)| n).sum();
+        assert_eq!(cell.read().stats().placements, all, "every page placed");
+        assert!(writer.copies_equal(), "the two copies differ");
         Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns)
     })
 }

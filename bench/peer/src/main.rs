@@ -25,7 +25,8 @@
 //! With `--combined` (anywhere on the line): the combined run of [`combined`] instead, one
 //! applying and one querying thread on each side, `PEER_COMBINED_RUNS` (3) interleaved runs per
 //! configuration (default splits 8 and 32), the peer with `PEER_COMBINED_THREADS` (1) write
-//! threads.
+//! threads, kv-index arranged as `PEER_COMBINED_CELL` says (`left-right`, the server's cell, by
+//! default; `rwlock`, `rwlock-fair`).
 
 mod combined;
 mod compare;
@@ -321,13 +322,12 @@ fn env_count(var: &str, default: usize) -> usize {
 fn run_combined(settings: &plan::Settings, trace: &[Vec<u64>]) {
     let runs = env_count("PEER_COMBINED_RUNS", 3);
     let threads = env_count("PEER_COMBINED_THREADS", 1);
-    let fair = std::env::var("PEER_COMBINED_FAIR").is_ok_and(|v| v.trim() == "1");
+    let arrangement = combined::Arrangement::from_env();
     counter::set(Mode::Off);
     println!(
-        "combined: 1 applying + 1 querying thread; kv-index's applier unlocks {}; peer \
+        "combined: 1 applying + 1 querying thread; kv-index arranged as {arrangement:?}; peer \
          ThreadPoolIndexer<ConcurrentRadixTreeCompressed> with {threads} write thread(s); \
-         {runs} interleaved runs each",
-        if fair { "fairly" } else { "as the server's writer does (plain drop)" }
+         {runs} interleaved runs each"
     );
     let row = |side: &str, run: usize, c: &combined::Combined| {
         println!(
@@ -358,7 +358,7 @@ fn run_combined(settings: &plan::Settings, trace: &[Vec<u64>]) {
             for run in 0..runs {
                 let mut one_each = |first_ours: bool| {
                     if first_ours {
-                        ours.push(combined::ours(&replay.pages, &applies, fair));
+                        ours.push(combined::ours(&replay.pages, &applies, arrangement));
                         row("kv-index", run, ours.last().unwrap());
                     } else {
                         theirs.push(combined::theirs(&replay, events.clone(), threads));
@@ -373,14 +373,22 @@ fn run_combined(settings: &plan::Settings, trace: &[Vec<u64>]) {
                 values.sort_by(f64::total_cmp);
                 values[values.len() / 2]
             };
-            let lines: [(&str, fn(&combined::Combined) -> f64, bool); 5] = [
+            let lines: [(&str, fn(&combined::Combined) -> f64, bool); 6] = [
                 ("combined ops/s", combined::Combined::ops_per_second, true),
-                ("pages applied/s", combined::Combined::pages_per_second, true),
+                (
+                    "pages applied/s",
+                    combined::Combined::pages_per_second,
+                    true,
+                ),
                 ("queries/s", combined::Combined::queries_per_second, true),
                 ("query p50 µs", |c| c.p50_us, false),
                 ("query p99 µs", |c| c.p99_us, false),
+                ("query max µs", |c| c.max_us, false),
             ];
-            println!("{:<18} {:>14} {:>14} {:>8}", "median", "kv-index", "peer", "ours ×");
+            println!(
+                "{:<18} {:>14} {:>14} {:>8}",
+                "median", "kv-index", "peer", "ours ×"
+            );
             for (name, f, higher_is_better) in lines {
                 let (a, b) = (median(&ours, f), median(&theirs, f));
                 let ratio = if higher_is_better { a / b } else { b / a };

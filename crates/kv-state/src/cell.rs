@@ -25,6 +25,11 @@ use std::time::{Duration, Instant};
 use kv_index::{Index, SpareTable, ValidApply};
 use parking_lot::{RwLock, RwLockWriteGuard};
 
+/// How long a writer applies queued changes before it publishes them (and answers them): each
+/// publication costs a wait for the last readers of the copy it replaces, so changes queued
+/// together share one, while what is applied is seen within about this much.
+pub const PUBLISH_AFTER: Duration = Duration::from_micros(100);
+
 /// The published index, shared by the readers (the service) and the one writer thread (a
 /// single server's writer, or a replica's applier), which changes it through an
 /// [`IndexWriter`]. Cheap to clone.

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
 use crate::apply::{Applied, apply_admitted, apply_record};
-use crate::cell::{AbortOnPanic, Changing, IndexWriter};
+use crate::cell::{AbortOnPanic, Changing, IndexWriter, PUBLISH_AFTER};
 use crate::clock::now_ms;
 use crate::durable::{Building, Durable, WriteState, build_snapshot, prune, write_snapshot};
 use crate::error::{ChangeError, StateError};
@@ -399,15 +399,28 @@ impl Thread {
     /// together, then answers each (so an answered change is seen by every later query). A
     /// panic inside aborts, see [`AbortOnPanic`].
     fn apply_all(&mut self, changes: Vec<Accepted>) {
+        let mut changes = changes.into_iter().peekable();
+        while changes.peek().is_some() {
+            self.apply_some(&mut changes);
+        }
+    }
+
+    /// Applies changes from `changes` for at most [`PUBLISH_AFTER`] (at least one), publishes
+    /// them and answers them: a long group is seen, and answered, in slices.
+    fn apply_some(&mut self, changes: &mut impl Iterator<Item = Accepted>) {
         let abort = AbortOnPanic("applying logged changes");
-        let mut answers = Vec::with_capacity(changes.len());
+        let started = Instant::now();
+        let mut answers = Vec::new();
         let mut retired = Vec::new();
         let mut index = self.index.change();
-        for change in changes {
+        for change in changes.by_ref() {
             if let Accepted::Apply(apply) = &change {
                 retired.extend(index.make_room(apply.valid.reported_blocks()));
             }
             answers.push(apply_change(&mut index, &mut self.meta, change));
+            if started.elapsed() >= PUBLISH_AFTER {
+                break;
+            }
         }
         let stats = index.stats();
         self.index.publish();

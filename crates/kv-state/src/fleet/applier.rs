@@ -17,7 +17,7 @@ use super::freshness::Freshness;
 use super::rollback::Rollback;
 use super::waiters::{Outcome, Waiters};
 use crate::apply::apply_record;
-use crate::cell::{AbortOnPanic, Changing, IndexWriter};
+use crate::cell::{AbortOnPanic, Changing, IndexWriter, PUBLISH_AFTER};
 use crate::clock::now_ms;
 use crate::dir::StateDir;
 use crate::error::{ChangeError, StateError};
@@ -233,17 +233,22 @@ impl Applier {
     /// together, then answers the jobs this replica appended among them (an answered apply is
     /// in its index). A panic inside aborts, see [`AbortOnPanic`].
     fn apply_all(&mut self, entries: Vec<Entry>) {
-        let Some(last) = entries.last() else {
-            return;
-        };
-        self.next = last.position + 1;
-        self.last_origin = Some(last.origin.clone());
+        let mut entries = entries.into_iter().peekable();
+        while entries.peek().is_some() {
+            self.apply_some(&mut entries);
+        }
+    }
+
+    /// Applies entries from `entries` for at most [`PUBLISH_AFTER`] (at least one), publishes
+    /// them and answers them.
+    fn apply_some(&mut self, entries: &mut impl Iterator<Item = Entry>) {
         let abort = AbortOnPanic("applying shared-log entries");
-        let mut answers = Vec::with_capacity(entries.len());
+        let started = Instant::now();
+        let mut answers = Vec::new();
         let mut skipped = Vec::new();
         let mut retired = Vec::new();
         let mut index = self.index.change();
-        for entry in entries {
+        for entry in entries.by_ref() {
             let waiter = entry
                 .origin
                 .strip_prefix(self.replica.as_str())
@@ -251,8 +256,13 @@ impl Applier {
                 .and_then(|number| number.parse::<u64>().ok());
             let (outcome, skip, replaced) = apply_entry(&mut index, &mut self.meta, &entry);
             answers.extend(waiter.map(|number| (number, outcome)));
+            self.next = entry.position + 1;
+            self.last_origin = Some(entry.origin.clone());
             skipped.extend(skip.map(|why| (entry, why)));
             retired.extend(replaced);
+            if started.elapsed() >= PUBLISH_AFTER {
+                break;
+            }
         }
         let stats = index.stats();
         self.index.publish();
