@@ -7,17 +7,20 @@
 //! 2. gets one deadline, `query_timeout` from now, enforced locally around the whole call
 //!    (connecting and fail-over included) and sent to each replica as `grpc-timeout` (the
 //!    remaining budget), so the server can shed work nobody waits for;
-//! 3. tries the replicas in order while the answer is unreachable / timeout / overloaded and
-//!    budget remains; any other answer is final. When every replica fails, the last failure is
-//!    the outcome. A replica that was unreachable or timed out is tried after the others for a
-//!    while (1 s, doubling to 30 s while it keeps failing; an answer ends it): a peer that
-//!    stops answering without refusing (a killed container) would otherwise spend every
-//!    query's budget before the next replica is tried.
+//! 3. goes first to the healthy replica with the fewest of this client's queries in flight
+//!    (ties taken in turn, so replicas share the load evenly), then to the others in order while
+//!    the answer is unreachable / timeout / overloaded and budget remains; any other answer is
+//!    final. When every replica fails, the last failure is the outcome. A replica that was
+//!    unreachable or timed out is tried after the others for a while (1 s, doubling to 30 s
+//!    while it keeps failing; an answer ends it): a peer that stops answering without refusing
+//!    (a killed container) would otherwise spend every query's budget before the next replica
+//!    is tried.
 //!
 //! Channels are lazy: nothing is dialed at construction, and a replica that is down costs a
 //! failed connect per query until it is back (tonic reconnects on the next call).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
@@ -94,6 +97,24 @@ struct Replica {
     client: Grpc,
     health: HealthClient,
     ejection: Ejection,
+    /// This client's calls to it now.
+    outstanding: AtomicUsize,
+}
+
+/// A call counted in its replica's [`Replica::outstanding`] while it lives.
+struct Outstanding<'a>(&'a AtomicUsize);
+
+impl<'a> Outstanding<'a> {
+    fn start(count: &'a AtomicUsize) -> Outstanding<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Outstanding(count)
+    }
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// How long a failed replica is tried last: from [`FIRST_EJECTION`], doubling to
@@ -135,6 +156,8 @@ impl Ejection {
 #[derive(Debug)]
 pub struct IndexerClient {
     replicas: Vec<Replica>,
+    /// Turns: where the next query starts looking for the least busy replica.
+    turn: AtomicUsize,
     admission: Semaphore,
     max_inflight: usize,
     query_timeout: Duration,
@@ -170,18 +193,20 @@ impl IndexerClient {
                     client,
                     health,
                     ejection: Ejection::default(),
+                    outstanding: AtomicUsize::new(0),
                 })
             })
             .collect::<Result<Vec<_>, ClientError>>()?;
         Ok(IndexerClient {
             replicas,
+            turn: AtomicUsize::new(0),
             admission: Semaphore::new(config.max_inflight),
             max_inflight: config.max_inflight,
             query_timeout: config.query_timeout,
         })
     }
 
-    /// The replicas, in the order they are tried.
+    /// The replicas, as listed.
     pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
         self.replicas.iter().map(|r| &r.endpoint)
     }
@@ -352,8 +377,30 @@ impl IndexerClient {
         answer
     }
 
-    /// Tries each replica in order (those recently unreachable or slow last) while its failure
-    /// is one the next replica may not share.
+    /// The order one query tries the replicas in: the healthy ones (not recently unreachable
+    /// or slow), the one with the fewest calls in flight first (ties taken in turn), the rest
+    /// in listed order from there; then the others.
+    fn order(&self) -> Vec<&Replica> {
+        let now = Instant::now();
+        let n = self.replicas.len();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed) % n;
+        let rotated = (0..n).map(|i| &self.replicas[(turn + i) % n]);
+        let (mut order, ejected): (Vec<&Replica>, Vec<&Replica>) =
+            rotated.partition(|replica| !replica.ejection.is_active(now));
+        let least = order
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, replica)| replica.outstanding.load(Ordering::Relaxed))
+            .map(|(i, _)| i);
+        if let Some(least) = least {
+            order[..=least].rotate_right(1);
+        }
+        order.extend(ejected);
+        order
+    }
+
+    /// Tries the replicas in [`IndexerClient::order`] while a failure is one the next replica
+    /// may not share.
     async fn fail_over<M, T, F, Fut>(
         &self,
         deadline: Instant,
@@ -365,12 +412,7 @@ impl IndexerClient {
         F: FnMut(Grpc, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        let now = Instant::now();
-        let (mut order, ejected): (Vec<&Replica>, Vec<&Replica>) = self
-            .replicas
-            .iter()
-            .partition(|replica| !replica.ejection.is_active(now));
-        order.extend(ejected);
+        let order = self.order();
         let mut last = None;
         let mut message = Some(message);
         for (i, replica) in order.iter().enumerate() {
@@ -387,6 +429,7 @@ impl IndexerClient {
             let mut request = Request::new(body.expect("a message for every replica"));
             request.set_timeout(remaining);
             let call = rpc(replica.client.clone(), request);
+            let _outstanding = Outstanding::start(&replica.outstanding);
             let Ok(answer) = tokio::time::timeout_at(deadline, call).await else {
                 replica.ejection.failed(&replica.endpoint);
                 return Err(self.spent());

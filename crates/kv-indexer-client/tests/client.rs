@@ -381,3 +381,46 @@ async fn a_replica_that_stops_answering_is_tried_after_the_others() {
     }
     drop(silent);
 }
+
+/// Two healthy replicas share the queries: each answers about half (which one answered shows
+/// in the worker it names), one after another and many at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_replicas_share_the_queries() {
+    let first = TestIndexer::start().await;
+    let second = TestIndexer::start().await;
+    report(&first, "a", HBM, &[1, 2]).await;
+    report(&second, "b", HBM, &[1, 2]).await;
+    let client = std::sync::Arc::new(client(vec![endpoint(&first), endpoint(&second)], |_| {}));
+    let by_a = |outcomes: &[PrefixOutcome]| {
+        outcomes
+            .iter()
+            .filter(|o| **o == answer(vec![matched("a", 2)], 2, 2, 2))
+            .count()
+    };
+    let mut one_by_one = Vec::new();
+    for _ in 0..100 {
+        one_by_one.push(client.longest_prefix(&[1, 2]).await);
+    }
+    let a = by_a(&one_by_one);
+    assert!(
+        (40..=60).contains(&a),
+        "the first replica answered {a} of 100"
+    );
+    // Within both the client's and each server's bound on queries in flight.
+    let at_once = futures_util::future::join_all((0..20).map(|_| {
+        let client = client.clone();
+        async move { client.longest_prefix(&[1, 2]).await }
+    }))
+    .await;
+    let a = by_a(&at_once);
+    assert!(
+        (8..=12).contains(&a),
+        "the first replica answered {a} of 20 at once"
+    );
+    assert!(
+        at_once
+            .iter()
+            .all(|o| matches!(o, PrefixOutcome::Matched { .. })),
+        "{at_once:?}"
+    );
+}
