@@ -8,6 +8,14 @@ docker-compose.test.yml, which publishes the replicas' /state and the workers' /
 the host's loopback), runs the cases, prints a row per case, saves every container's log and
 tears the project down, whatever happened. Cases:
 
+  rest       the fleet at rest, first: no request for --rest-settle-s, then for --rest-s Redis's
+             commands (CONFIG RESETSTAT, then INFO commandstats) and every container's CPU (its
+             cgroup's counter, and its server process's apart): at most 20 commands/s per
+             replica (the bridges' heartbeats and the health checks' PINGs count), and
+             redis-server and each replica's server at most 2 % of a core. The bound is on the
+             server process because the rest of the group is Docker's health check, a `docker
+             exec` every 2 s (Redis) or 5 s (replicas) costing ~1-1.5 % of a core by itself;
+             where this host cannot see the containers' processes, on the whole group.
   route      requests with shared prefixes through the router: `cache_hit` decisions
              (kv_router_decisions_total and the x-routing-reason header); the index equals
              the workers' caches, and both replicas' digests are equal.
@@ -54,6 +62,7 @@ BRIDGES = ["bridge-0", "bridge-1", "bridge-2"]
 GRPC = "http://127.0.0.1:50051"  # a replica's own listener, from inside its container
 
 CASES = {
+    "rest": "the fleet idle: Redis commands/s, CPU",
     "route": "shared prefixes through the router: cache_hit",
     "kill": "docker kill indexer-0 mid-stream, start it",
     "partition": "indexer-0 cut off Redis (network disconnect)",
@@ -242,6 +251,138 @@ def restarts(project, services):
     return out
 
 
+# -- the fleet at rest -------------------------------------------------------------------------------
+
+REST_COMMANDS_PER_REPLICA = 20  # Redis's answers a second, per replica, with no request
+REST_CPU_PERCENT = 2.0  # of one core: redis-server and each replica's server, with no request
+OWN_COMMANDS = ("config|resetstat", "info")  # the measurement's own, not counted
+# A container's CPU counter read from inside it: cgroup v2's cpu.stat, else v1's cpuacct (ns).
+CPU_IN_CONTAINER = "cat /sys/fs/cgroup/cpu.stat 2>/dev/null || cat /sys/fs/cgroup/cpuacct/cpuacct.usage"
+
+
+def cpu_usec(text):
+    """µs of CPU in a cpu.stat (cgroup v2: usage_usec) or a cpuacct.usage (v1: ns)."""
+    for line in text.splitlines():
+        if line.startswith("usage_usec "):
+            return int(line.split()[1])
+    return int(text.strip()) // 1000
+
+
+def host_cpu_file(state):
+    """The file on this host counting the CPU of the container `state` (`docker inspect`)
+    describes: its cgroup's, as its first process's /proc/<pid>/cgroup names it; or None when
+    this host does not see it."""
+    cid, pid = state["Id"], state["State"]["Pid"]
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if cid not in path:  # another PID namespace's process, or not the container's group
+            continue
+        if controllers == "":
+            candidates = [f"/sys/fs/cgroup{path}/cpu.stat"]
+        elif "cpuacct" in controllers.split(","):
+            candidates = [f"/sys/fs/cgroup/{d}{path}/cpuacct.usage" for d in ("cpuacct", "cpu,cpuacct")]
+        else:
+            continue
+        for candidate in candidates:
+            if os.path.isfile(candidate):
+                return candidate
+    return None
+
+
+class CpuClock:
+    """A container's CPU time in µs, from its cgroup's counter: the host's file when this host
+    runs the engine (exact), else the container's own through `docker exec` (whose own few ms
+    then count). On the host, also its main process's (the server's, all its threads; in
+    clock ticks): the rest of the group's is what runs beside it (health checks' execs)."""
+
+    def __init__(self, project, service):
+        self.project, self.service = project, service
+        state = project.inspect(service)
+        self.file = host_cpu_file(state)
+        self.main = f"/proc/{state['State']['Pid']}/stat" if self.file else None
+
+    def read(self):
+        """(time.monotonic(), µs of the group's CPU, µs of the main process's or None)."""
+        main = None
+        if self.main:
+            with open(self.main) as f:
+                utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
+            main = (int(utime) + int(stime)) * 1_000_000 // os.sysconf("SC_CLK_TCK")
+        if self.file:
+            with open(self.file) as f:
+                return time.monotonic(), cpu_usec(f.read()), main
+        text = self.project.exec(self.service, "sh", "-c", CPU_IN_CONTAINER).stdout
+        return time.monotonic(), cpu_usec(text), main
+
+
+def cpu_percent(before, after):
+    """% of one core between two CpuClock.read()s: the group's, its main process's (None when
+    unseen), and the one the bound holds (the main process's when seen, else the group's)."""
+    wall = (after[0] - before[0]) * 1e4  # µs per % of a core
+    group = (after[1] - before[1]) / wall
+    main = None if after[2] is None else (after[2] - before[2]) / wall
+    return group, main, group if main is None else main
+
+
+def command_calls(info):
+    """{command: calls} of INFO commandstats."""
+    calls = {}
+    for line in info.splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line[len("cmdstat_"):].partition(":")
+            calls[name] = int(dict(f.split("=", 1) for f in fields.strip().split(","))["calls"])
+    return calls
+
+
+def print_rest(seconds, cpu, per_replica, rates, args):
+    """The table of case_rest: each container's CPU (its server process's apart), and Redis's
+    commands."""
+    print(f"\nthe fleet at rest ({seconds:.1f} s measured after {args.rest_settle_s:.1f} s without requests):")
+    print(f"{'container':<10} {'group_%':>7} {'server_%':>8}  notes")
+    for service, (group, main, _) in cpu.items():
+        notes = ""
+        if service == "redis":
+            top = ", ".join(f"{name} {rate:.2f}/s" for name, rate in rates[:8])
+            notes = f"{per_replica:.2f} commands/s per replica ({len(REPLICAS)} replicas): {top or 'none'}"
+        print(f"{service:<10} {group:>7.2f} {'-' if main is None else f'{main:.2f}':>8}  {notes}")
+    print("(% of one core. group: the container's cgroup, health checks' execs included; server: its "
+          "main process, to 0.1 %, what the bound holds when seen)", flush=True)
+
+
+def case_rest(c):
+    clocks = {s: CpuClock(c.project, s) for s in ["redis", *REPLICAS, *WORKERS, *BRIDGES, "router"]}
+    time.sleep(c.args.rest_settle_s)
+    c.project.exec("redis", "redis-cli", "CONFIG", "RESETSTAT")
+    reset = time.monotonic()
+    before = {s: clock.read() for s, clock in clocks.items()}
+    time.sleep(c.args.rest_s)
+    cpu = {s: cpu_percent(before[s], clock.read()) for s, clock in clocks.items()}
+    info = c.project.exec("redis", "redis-cli", "INFO", "commandstats").stdout
+    seconds = time.monotonic() - reset
+    calls = {name: n for name, n in command_calls(info).items() if name not in OWN_COMMANDS}
+    rates = sorted(((name, n / seconds) for name, n in calls.items()), key=lambda r: -r[1])
+    per_replica = sum(calls.values()) / seconds / len(REPLICAS)
+    print_rest(seconds, cpu, per_replica, rates, c.args)
+    bounded = ["redis", *REPLICAS]
+    notes = (f"Redis {per_replica:.2f} commands/s per replica ("
+             + ", ".join(f"{name} {rate:.2f}/s" for name, rate in rates[:4]) + "); CPU % of a core: "
+             + ", ".join(f"{s} {cpu[s][2]:.2f} (group {cpu[s][0]:.2f})" for s in bounded)
+             + f" (bounds {REST_COMMANDS_PER_REPLICA}/s, {REST_CPU_PERCENT:g} %)")
+    over = []
+    if per_replica > REST_COMMANDS_PER_REPLICA:
+        over.append(f"Redis answered {per_replica:.2f} commands/s per replica (bound {REST_COMMANDS_PER_REPLICA})")
+    over += [f"{s} used {cpu[s][2]:.2f} % of a core (bound {REST_CPU_PERCENT:g} %)"
+             for s in bounded if cpu[s][2] > REST_CPU_PERCENT]
+    if over:
+        raise RuntimeError(f"{'; '.join(over)}: {notes}")
+    return notes
+
+
 # -- traffic through the router ------------------------------------------------------------------
 
 def routing_summary(decisions):
@@ -409,7 +550,8 @@ def case_redis(c):
             f"and the digests unchanged; {notes}")
 
 
-RUNNERS = {"route": case_route, "kill": case_kill, "partition": case_partition, "redis": case_redis}
+RUNNERS = {"rest": case_rest, "route": case_route, "kill": case_kill, "partition": case_partition,
+           "redis": case_redis}
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -452,6 +594,8 @@ def main():
     ap.add_argument("--max-lag-ms", type=int, default=1000, help="KV_INDEXER_MAX_LAG_MS of the replicas")
     ap.add_argument("--requests", type=int, default=60, help="requests through the router in `route`")
     ap.add_argument("--down-s", type=float, default=2.0, help="how long the killed replica stays down")
+    ap.add_argument("--rest-settle-s", type=float, default=3.0, help="`rest`: seconds without requests first")
+    ap.add_argument("--rest-s", type=float, default=10.0, help="`rest`: the seconds measured")
     for flag, kind, default in [("--docs", int, 8), ("--doc-tokens", int, 512), ("--suffix-tokens", int, 64),
                                 ("--stable-s", float, 4.0), ("--deadline-s", float, 60.0),
                                 ("--poll-s", float, 0.3), ("--seed", int, 23)]:
