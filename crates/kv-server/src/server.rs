@@ -278,15 +278,52 @@ fn connection_service(
                     return Ok(refused.status.into_http());
                 }
             };
+            let rpc = access::method_label(request.uri().path());
             let Some(stay) = passed.stay else {
-                return routes.oneshot(request).await;
+                let answer = routes.oneshot(request).await;
+                return answer.map(|response| undecodable(rpc, &passed, response));
             };
             match tokio::time::timeout(stay, routes.oneshot(request)).await {
-                Ok(answer) => answer,
+                Ok(answer) => answer.map(|response| undecodable(rpc, &passed, response)),
                 Err(_) => Ok(gate.outstayed(&passed, stay).into_http()),
             }
         }
     })
+}
+
+/// `response`, unless it is tonic's answer to a request it could not decode (a client built
+/// from another version of the protocol, or not a client of it), which never reaches the
+/// service and so would be neither counted nor told from a server fault: INTERNAL becomes
+/// INVALID_ARGUMENT, with the decoder's message, counted under the method (`unknown` for a
+/// path no method has, which tonic answers UNIMPLEMENTED).
+fn undecodable(
+    rpc: &'static str,
+    passed: &Passed,
+    mut response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let status = response.headers().get("grpc-status").map(|v| v.as_bytes());
+    let code = match status {
+        Some(b"13") if grpc_message(&response).contains("failed to decode") => {
+            response
+                .headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static("3"));
+            tonic::Code::InvalidArgument
+        }
+        Some(b"12") if rpc == "unknown" => tonic::Code::Unimplemented,
+        _ => return response,
+    };
+    observe::request(rpc, code, passed.arrival.elapsed());
+    response
+}
+
+/// The `grpc-message` of a trailers-only answer, percent-decoded as far as it is text.
+fn grpc_message(response: &http::Response<tonic::body::Body>) -> String {
+    let raw = response
+        .headers()
+        .get("grpc-message")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    raw.replace("%20", " ")
 }
 
 /// One accepted connection and what serves it.

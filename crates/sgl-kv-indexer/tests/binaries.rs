@@ -634,3 +634,72 @@ async fn a_failed_fdatasync_stops_the_server_and_a_restart_recovers() {
         }
     }
 }
+
+/// The `grpc-status` of a unary call to `path` whose message is `body` (ASCII: the frame goes
+/// as a `String` body), over a bare HTTP/2 connection (tonic's client would refuse to send what
+/// is not its message).
+async fn raw_call(addr: std::net::SocketAddr, path: &str, body: &[u8]) -> Option<String> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(body);
+    let request = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(String::from_utf8(frame).expect("an ASCII frame"))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.headers().get("grpc-status");
+    status.map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// A call whose message does not decode (another version of the protocol) answers
+/// INVALID_ARGUMENT, not INTERNAL, and is counted under its method; an unknown method is
+/// counted as `unknown`.
+#[tokio::test]
+async fn undecodable_calls_are_invalid_arguments_and_counted() {
+    let (grpc, admin) = (Port::reserve(), Port::reserve());
+    let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
+    drop((grpc, admin));
+    let _server = KilledOnDrop(
+        server(&[
+            ("KV_INDEXER_LISTEN_ADDR", &grpc_addr.to_string()),
+            ("KV_INDEXER_METRICS_ADDR", &admin_addr.to_string()),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    wait_for(admin_addr, "SERVING", &|text| {
+        metric(text, "kv_indexer_serving") == Some(1.0)
+    });
+    // Field 2, length-delimited, 127 bytes long, and nothing after: a truncated message.
+    let garbage = [0x12, 0x7f];
+    for method in [
+        "MatchExternalKv",
+        "ApplyExternalKvBatch",
+        "GetExternalKvHitCounts",
+    ] {
+        let path = format!("/kv_indexer.v1.KVIndexer/{method}");
+        let status = raw_call(grpc_addr, &path, &garbage).await;
+        assert_eq!(status.as_deref(), Some("3"), "{method}");
+    }
+    let unknown = raw_call(grpc_addr, "/kv_indexer.v2.KVIndexer/Nope", &[]).await;
+    assert_eq!(unknown.as_deref(), Some("12"));
+    let text = scrape(admin_addr).unwrap();
+    for (rpc, code) in [
+        ("MatchExternalKv", "InvalidArgument"),
+        ("ApplyExternalKvBatch", "InvalidArgument"),
+        ("unknown", "Unimplemented"),
+    ] {
+        let series = format!("kv_indexer_requests_total{{rpc=\"{rpc}\",code=\"{code}\"}} 1");
+        assert!(text.contains(&series), "no {series} in\n{text}");
+    }
+}
