@@ -111,6 +111,11 @@ pub fn state(
         PolicyName::Random => Policy::Random,
         PolicyName::PowerOfTwo => Policy::PowerOfTwo,
     };
+    if config.tokenizer_path.is_none() {
+        tracing::warn!(
+            "no {TOKENIZER_SETTING}: text prompts are split into words as the simulated worker (kv-indexer-sim) does; in front of real SGLang or vLLM workers their block hashes never match the Indexer's, so no prompt is routed to its cache: give the model's tokenizer.json"
+        );
+    }
     let tokenizer = Tokenizer::load(TOKENIZER_SETTING, config.tokenizer_path.as_deref())?;
     let chat = match &config.tokenizer_path {
         Some(path) => ChatTemplate::load(TOKENIZER_SETTING, path)?,

@@ -56,6 +56,12 @@ pub fn describe() {
         "Seconds a prefix query to the Indexer took, by outcome"
     );
     metrics::describe_counter!(
+        "kv_router_indexer_unknown_addresses_total",
+        Unit::Count,
+        "Workers named in the Indexer's answers whose address matches none of this router's worker URLs (a bridge's KV_INDEXER_WORKER_ADDRESS that differs from the router's URL for it: its cache is never used)"
+    );
+    metrics::counter!("kv_router_indexer_unknown_addresses_total").absolute(0);
+    metrics::describe_counter!(
         "kv_router_worker_load_polls_total",
         Unit::Count,
         "Polls of a worker's GET /get_load, by worker URL and outcome (ok; failed: no answer, an error status or a body without num_reqs, so its load is this router's own count)"

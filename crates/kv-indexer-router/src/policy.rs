@@ -554,8 +554,10 @@ impl CacheAware {
         };
         for m in matches {
             let Some(worker) = workers.by_url(&m.worker_address) else {
+                metrics::counter!("kv_router_indexer_unknown_addresses_total").increment(1);
                 if let Some(total) = self.logs.unknown_address.record() {
-                    warn!(address = %m.worker_address, total, "indexer names an address that matches no worker URL (compared byte for byte)");
+                    let urls: Vec<&str> = workers.list.iter().map(|w| w.url.as_str()).collect();
+                    warn!(address = %m.worker_address, worker_urls = ?urls, total, "indexer names an address that matches none of this router's worker URLs (compared byte for byte): the worker's KV_INDEXER_WORKER_ADDRESS must equal its URL here, or its cache is never used");
                 }
                 continue;
             };

@@ -703,3 +703,56 @@ async fn undecodable_calls_are_invalid_arguments_and_counted() {
         assert!(text.contains(&series), "no {series} in\n{text}");
     }
 }
+
+/// The router's stderr within `wait`, and whether `needle` appeared in it: the router is
+/// started with `args`, and killed once the line shows or the wait is over.
+fn router_says(args: &[&str], needle: &str, wait: Duration) -> (bool, String) {
+    let mut child = KilledOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_kv-indexer-router"))
+            .args(["--listen-addr", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + wait;
+    let mut text = String::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let Ok(line) = seen.recv_timeout(left) else {
+            break;
+        };
+        text.push_str(&line);
+        text.push('\n');
+        if line.contains(needle) {
+            return (true, text);
+        }
+    }
+    (false, text)
+}
+
+/// A router started without a tokenizer warns that real workers' prompts will never match;
+/// with one, it does not.
+#[test]
+fn a_router_without_a_tokenizer_warns_at_start() {
+    let workers = ["--worker-urls", "http://127.0.0.1:9"];
+    let needle = "no --tokenizer-path";
+    let (warned, text) = router_says(&workers, needle, Duration::from_secs(20));
+    assert!(warned, "no warning in:\n{text}");
+    assert!(text.contains("WARN"), "{text}");
+    let tokenizer = kv_testkit::tokenizer::BosTokenizer::write("router-warning", 100);
+    let path = tokenizer.path.to_str().unwrap();
+    let with = [&workers[..], &["--tokenizer-path", path]].concat();
+    let (warned, text) = router_says(&with, needle, Duration::from_secs(3));
+    assert!(!warned, "warned with a tokenizer:\n{text}");
+}
