@@ -29,16 +29,17 @@ COPY target/image/bin/ /usr/local/bin/
 # GET /state on 9090; the router, when this image runs it, beyond loopback too. The logs have
 # no colour codes (NO_COLOR: they go to files, not to a terminal).
 #
-# The state directory is the volume, off by default as in the binary (in memory: a restart
-# starts empty and the bridges refill it): set KV_INDEXER_STATE_DIR=/var/lib/kv-indexer for
-# an index that survives restarts (deploy/compose/ does, for its replicas). Not set here,
-# because an image's variable cannot be unset by `docker run`, and an empty one is refused.
+# The state directory is off by default as in the binary (in memory: a restart starts empty
+# and the bridges refill it): set KV_INDEXER_STATE_DIR=/var/lib/kv-indexer and mount a volume
+# there (`-v kv-state:/var/lib/kv-indexer`) for an index that survives restarts
+# (deploy/compose/ does, for its replicas). Not set here, because an image's variable cannot
+# be unset by `docker run`, and an empty one is refused. No VOLUME: it would give every
+# container of this image (bridges, router, workers too) an anonymous volume it never uses.
 ENV KV_INDEXER_LISTEN_ADDR=0.0.0.0:50051 \
     KV_INDEXER_METRICS_ADDR=0.0.0.0:9090 \
     KV_ROUTER_LISTEN_ADDR=0.0.0.0:30080 \
     RUST_LOG=info \
     NO_COLOR=1
-VOLUME /var/lib/kv-indexer
 WORKDIR /var/lib/kv-indexer
 EXPOSE 50051 9090
 

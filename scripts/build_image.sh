@@ -17,7 +17,8 @@
 #                          [--no-redis] [--keep-debug] [--mirror URL]
 #
 #   --profile   cargo profile (default release; dev uses target/debug, what CI already built)
-#   --no-cargo  use the binaries already in the profile's target directory
+#   --no-cargo  use the binaries already in the profile's directory under $CARGO_TARGET_DIR
+#               (default target)
 #   --no-redis  skip the Redis image
 #   --keep-debug  stage the binaries as cargo wrote them (default: debug info stripped)
 #   --mirror    Debian mirror for debootstrap and apt (default $DEBIAN_MIRROR or deb.debian.org;
@@ -60,9 +61,11 @@ while (($#)); do
   esac
   shift
 done
+# cargo's output directory: CARGO_TARGET_DIR when set (relative to the checkout, as cargo
+# reads it here), else target. The staging directory stays target/image (the build context).
 case $PROFILE in
-  dev | test) TARGET_DIR=target/debug ;;
-  *) TARGET_DIR=target/$PROFILE ;;
+  dev | test) TARGET_DIR=${CARGO_TARGET_DIR:-target}/debug ;;
+  *) TARGET_DIR=${CARGO_TARGET_DIR:-target}/$PROFILE ;;
 esac
 
 TIMES=()

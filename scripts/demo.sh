@@ -45,19 +45,28 @@ LOGS=$(mktemp -d)
 # (scripts/check_ops.py --metrics checks them against the dashboard and the alert rules).
 METRICS_DIR=${DEMO_METRICS_DIR:-}
 METRICS_PORT=${DEMO_METRICS_PORT:-9460}
+# cargo writes to CARGO_TARGET_DIR when it is set (relative to the checkout, as cargo reads it
+# here), else to target.
 if [[ -n "${DEMO_BIN:-}" ]]; then
   BIN=$DEMO_BIN
 else
   echo "building (release)…"
   cargo build --release -q -p sgl-kv-indexer
-  BIN=target/release
+  BIN=${CARGO_TARGET_DIR:-target}/release
 fi
+for bin in kv-indexer-server kv-indexer-bridge kv-indexer-ctl kv-indexer-router kv-indexer-sim; do
+  [[ -x $BIN/$bin ]] ||
+    { echo "missing $BIN/$bin (DEMO_BIN or CARGO_TARGET_DIR names where cargo built it)" >&2; exit 1; }
+done
 
 pids=()
 names=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+cleanup() { # the last started first, each gone before the next: no WARN about what it used
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill "${pids[$i]}" 2>/dev/null || true
+    wait "${pids[$i]}" 2>/dev/null || true
+  done
   echo "stopped everything; logs in $LOGS"
 }
 trap cleanup EXIT
@@ -75,10 +84,22 @@ alive() { # fails naming the first component that has exited (a port taken, a ba
   for i in "${!pids[@]}"; do
     if ! kill -0 "${pids[$i]}" 2>/dev/null; then
       echo "${names[$i]} exited at start (is its port taken?); from $LOGS/${names[$i]}.log:" >&2
-      grep -m1 -A3 '^Error' "$LOGS/${names[$i]}.log" >&2 || tail -n 5 "$LOGS/${names[$i]}.log" >&2
+      grep -m1 -A3 -i '^error' "$LOGS/${names[$i]}.log" >&2 || tail -n 5 "$LOGS/${names[$i]}.log" >&2
       exit 1
     fi
   done
+}
+
+until_ready() { # until_ready WHAT COMMAND...: until COMMAND succeeds, while everything runs
+  local what=$1
+  shift
+  for _ in $(seq 1 400); do
+    alive
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  echo "timed out waiting for $what" >&2
+  exit 1
 }
 
 scraped=() # NAME=ADDR of each component serving /metrics
@@ -93,6 +114,7 @@ if ((REPLICAS > 1)); then
   scripts/install_redis.sh
   start redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no \
     --dir "$LOGS"
+  until_ready "Redis on $REDIS_PORT" redis-cli -p "$REDIS_PORT" ping
   fleet=(--event-log "redis://127.0.0.1:$REDIS_PORT/0" --snapshot-interval-s 5)
 fi
 for k in $(seq 0 $((REPLICAS - 1))); do
@@ -104,6 +126,9 @@ for k in $(seq 0 $((REPLICAS - 1))); do
 done
 server_pid=${pids[-REPLICAS]}
 ENDPOINTS=$(IFS=,; echo "${endpoints[*]}")
+# Started in order, each once what it uses answers, so that none starts with a WARN about the
+# one before: Redis, the replicas (recovered from it), the workers, their bridges, the router.
+until_ready "the Indexer to serve" "$BIN/kv-indexer-ctl" health --endpoint "$ENDPOINTS" --timeout-ms 500
 # Each worker's URL is the router's --worker-urls entry, its bridge's KV_INDEXER_WORKER_ADDRESS
 # and the `worker` label of both's metrics: one string, byte for byte.
 urls=()
@@ -111,31 +136,21 @@ for i in 0 1 2; do
   port=$((BASE_PORT + i)); events=$((EVENTS_PORT + i))
   start "sim-$i" "$BIN/kv-indexer-sim" "${ENGINE_FLAGS[@]}" --port "$port" --kv-events-port "$events" \
     --capacity-tokens 32768 --prefill-us-per-token 20 --decode-us-per-token 200
+  urls+=("http://127.0.0.1:$port")
+done
+for url in "${urls[@]}"; do until_ready "$url/health" curl -sf "$url/health"; done
+for i in 0 1 2; do
   admin=()
   if [[ -n $METRICS_DIR ]]; then admin_for "bridge-$i"; admin=(KV_INDEXER_BRIDGE_METRICS_ADDR="$ADMIN"); fi
-  start "bridge-$i" env "${admin[@]}" KV_INDEXER_WORKER_ID="sim-$i" KV_INDEXER_WORKER_ADDRESS="http://127.0.0.1:$port" \
-    SGLANG_KV_EVENT_ENDPOINT="tcp://127.0.0.1:$events" SGLANG_KV_EVENT_TOPIC=kv-events \
+  start "bridge-$i" env "${admin[@]}" KV_INDEXER_WORKER_ID="sim-$i" KV_INDEXER_WORKER_ADDRESS="${urls[$i]}" \
+    SGLANG_KV_EVENT_ENDPOINT="tcp://127.0.0.1:$((EVENTS_PORT + i))" SGLANG_KV_EVENT_TOPIC=kv-events \
     KV_INDEXER_ENDPOINT="$ENDPOINTS" KV_INDEXER_ENGINE="$ENGINE" "$BIN/kv-indexer-bridge"
-  urls+=("http://127.0.0.1:$port")
 done
 start router "$BIN/kv-indexer-router" "${ENGINE_FLAGS[@]}" --listen-addr "$ROUTER" \
   --worker-urls "$(IFS=,; echo "${urls[*]}")" --kv-indexer-endpoint "$ENDPOINTS" \
   --cache-affinity-min-matched-tokens 32
 
-until_ready() { # until_ready WHAT COMMAND...: until COMMAND succeeds, while everything runs
-  local what=$1
-  shift
-  for _ in $(seq 1 400); do
-    alive
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  echo "timed out waiting for $what" >&2
-  exit 1
-}
 router_knows_block_size() { curl -sf "http://$ROUTER/health" | grep -Eq '"block_size":[0-9]+'; }
-until_ready "the Indexer to serve" "$BIN/kv-indexer-ctl" health --endpoint "$ENDPOINTS" --timeout-ms 500
-for url in "${urls[@]}"; do until_ready "$url/health" curl -sf "$url/health"; done
 # The router's /health answers 200 once a worker passes its health check; the demo also waits
 # for the block size it learns from the first worker (cache-aware routing needs it).
 until_ready "the router's /health and block size" router_knows_block_size

@@ -83,6 +83,8 @@ fn incarnation() -> u64 {
 pub struct Sender {
     /// One client per Indexer replica; `current` is the one sent to.
     clients: Vec<Grpc>,
+    /// Each client's endpoint, as configured, for the logs.
+    endpoints: Vec<String>,
     current: usize,
     identity: Identity,
     outbox: Arc<Outbox>,
@@ -115,6 +117,7 @@ impl Sender {
         }
         Ok(Sender {
             clients,
+            endpoints: config.endpoints.clone(),
             current: 0,
             identity: Identity {
                 header: WorkerHeader {
@@ -235,7 +238,8 @@ impl Sender {
                     // A fleet: the next attempt goes to the next replica.
                     self.current = (self.current + 1) % self.clients.len();
                     if let Some(total) = self.stats.retry() {
-                        warn!(total, replica = failed, code = ?status.code(), message = status.message(), retry_in_ms = wait.as_millis() as u64, next_replica = self.current, "indexer unavailable; retrying");
+                        let endpoint = &self.endpoints[failed];
+                        warn!(total, %endpoint, replica = failed, code = ?status.code(), message = status.message(), retry_in_ms = wait.as_millis() as u64, next_replica = self.current, "indexer unavailable; retrying");
                     }
                     tokio::select! {
                         () = stop.cancelled() => return Ok(false),

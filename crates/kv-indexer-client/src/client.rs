@@ -469,8 +469,23 @@ impl IndexerClient {
 /// canceled"; for the router either is an unreachable replica, not an answer, so it becomes
 /// UNAVAILABLE with the cause in the message.
 pub fn transport_is_unavailable(status: Status) -> Status {
-    let transport_failed = matches!(status.code(), tonic::Code::Unknown | tonic::Code::Cancelled);
+    let transport_failed = matches!(
+        status.code(),
+        tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable
+    );
     match std::error::Error::source(&status) {
+        // tonic's own UNAVAILABLE for a failed connect says only "tcp connect error": the OS's
+        // reason ("Connection refused") is the last of its sources.
+        Some(source)
+            if status.code() == tonic::Code::Unavailable
+                && source.is::<tonic::transport::Error>() =>
+        {
+            let mut root: &dyn std::error::Error = source;
+            while let Some(next) = root.source() {
+                root = next;
+            }
+            Status::unavailable(format!("{}: {root}", status.message()))
+        }
         Some(source) if transport_failed && source.is::<tonic::transport::Error>() => {
             Status::unavailable(format!("{}: {}", status.message(), error_chain(source)))
         }

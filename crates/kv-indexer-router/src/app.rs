@@ -21,7 +21,7 @@ use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
 use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use parking_lot::RwLock;
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::HashingSource;
 use crate::observe::{Answer, RequestMetrics};
@@ -242,7 +242,8 @@ async fn forward(
     };
     let worker = &state.workers.list[decision.worker];
     state.observe.decision(decision.reason.label());
-    info!(
+    // Per request: DEBUG (kv_router_decisions_total counts the same by reason).
+    debug!(
         worker = %worker.url,
         reason = decision.reason.label(),
         matched_blocks = decision.matched_blocks,

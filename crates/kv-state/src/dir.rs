@@ -18,6 +18,10 @@ pub enum DirError {
         "KV_INDEXER_STATE_DIR {path:?} is held by another live kv-indexer-server ({holder}); one directory serves one server"
     )]
     Locked { path: PathBuf, holder: String },
+    #[error(
+        "KV_INDEXER_STATE_DIR {path:?} is not a directory (a directory is created when missing)"
+    )]
+    NotADirectory { path: PathBuf },
 }
 
 /// The state directory, locked for this process until dropped.
@@ -34,7 +38,14 @@ impl StateDir {
             let path = path.to_path_buf();
             move |source| DirError::Io { op, path, source }
         };
-        std::fs::create_dir_all(path).map_err(io("creating"))?;
+        // create_dir_all accepts a directory that exists: "already exists" is something else
+        // there (a file), which the OS error alone ("File exists") does not say.
+        std::fs::create_dir_all(path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::AlreadyExists => DirError::NotADirectory {
+                path: path.to_path_buf(),
+            },
+            _ => io("creating")(source),
+        })?;
         let lock_path = path.join("LOCK");
         let mut lock = OpenOptions::new()
             .create(true)
@@ -110,5 +121,17 @@ mod tests {
         );
         drop(held);
         StateDir::lock(&path).unwrap();
+    }
+
+    #[test]
+    fn a_file_is_refused_as_not_a_directory() {
+        let path = std::env::temp_dir().join(format!("kv-dir-file-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let error = StateDir::lock(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            error.contains("KV_INDEXER_STATE_DIR") && error.contains("is not a directory"),
+            "{error}"
+        );
     }
 }

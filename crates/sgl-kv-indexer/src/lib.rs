@@ -22,8 +22,20 @@ pub const LONG_VERSION: &str = concat!(
 /// about a flag also names the environment variable it reads, since that is how most
 /// deployments set it.
 pub fn parse_args<A: CommandFactory + FromArgMatches>() -> A {
+    parse_command(A::command())
+}
+
+/// [`parse_args`], with `about` as the first line of `--help`: the settings structs live in
+/// libraries, whose `about` describes the library (its package description), not the binary
+/// the user runs.
+pub fn parse_args_about<A: CommandFactory + FromArgMatches>(about: &'static str) -> A {
+    parse_command(A::command().about(about).long_about(None))
+}
+
+/// The command line parsed by `command`, as [`parse_args`] says.
+fn parse_command<A: FromArgMatches>(command: clap::Command) -> A {
     let empty = |name: &std::ffi::OsStr| std::env::var_os(name).is_some_and(|v| v.is_empty());
-    let mut command = ignore_empty_variables(A::command().version(LONG_VERSION), &empty);
+    let mut command = ignore_empty_variables(command.version(LONG_VERSION), &empty);
     let parsed = command
         .try_get_matches_from_mut(std::env::args_os())
         .and_then(|matches| A::from_arg_matches(&matches));
@@ -88,6 +100,19 @@ fn find_arg<'c>(command: &'c clap::Command, flag: &str) -> Option<&'c clap::Arg>
                 .get_subcommands()
                 .find_map(|sub| find_arg(sub, flag))
         })
+}
+
+/// A main's exit: 0, or 1 after printing `error: ` and the error with its causes on one line
+/// (`{:#}`), without the backtrace anyhow's own report adds when RUST_BACKTRACE is set (a bad
+/// setting is not a bug).
+pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// Exports `kv_indexer_build_info{version,commit} 1` to the installed recorder.

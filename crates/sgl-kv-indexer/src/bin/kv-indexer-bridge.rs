@@ -1,6 +1,7 @@
 //! `kv-indexer-bridge`: parse settings, start logging, follow the worker's events until SIGINT
 //! or SIGTERM; a misconfiguration or a permanent error from the Indexer exits non-zero.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -11,9 +12,17 @@ use kv_common::telemetry::{self, Exposition};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+/// `--help`'s first line.
+const ABOUT: &str = "Follows one SGLang or vLLM worker's KV event stream and applies it to the \
+                     KV-cache Indexer";
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args: Args = sgl_kv_indexer::parse_args();
+async fn main() -> ExitCode {
+    sgl_kv_indexer::exit_code(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
+    let args: Args = sgl_kv_indexer::parse_args_about(ABOUT);
     telemetry::init_tracing();
     let metrics_addr = args.metrics_addr;
     let config = BridgeConfig::from_args(args).context("bad setting")?;

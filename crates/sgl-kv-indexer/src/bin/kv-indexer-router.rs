@@ -1,6 +1,8 @@
 //! `kv-indexer-router`: parse settings, start logging and metrics, serve until SIGINT or
 //! SIGTERM.
 
+use std::process::ExitCode;
+
 use anyhow::Context;
 use kv_common::signal;
 use kv_common::telemetry::{self, Exposition, Metrics};
@@ -10,7 +12,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    sgl_kv_indexer::exit_code(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let args: Args = sgl_kv_indexer::parse_args();
     telemetry::init_tracing();
     let config = RouterConfig::from_args(&args).context("bad setting")?;

@@ -2,6 +2,7 @@
 //! any) while the listeners answer NOT_SERVING, serve until SIGINT or SIGTERM, drain, and
 //! write the final snapshot.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -13,9 +14,17 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+/// `--help`'s first line.
+const ABOUT: &str = "The KV-cache Indexer's gRPC server: which workers hold which KV-cache blocks, \
+                     fed by the bridges, asked by the routers";
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args: Args = sgl_kv_indexer::parse_args();
+async fn main() -> ExitCode {
+    sgl_kv_indexer::exit_code(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
+    let args: Args = sgl_kv_indexer::parse_args_about(ABOUT);
     telemetry::init_tracing();
     let config = Config::from_args(&args)?;
     for addr in std::iter::once(args.listen_addr).chain(args.apply_listen_addr) {
@@ -23,7 +32,7 @@ async fn main() -> anyhow::Result<()> {
             warn!("{warning}");
         }
     }
-    boot::preflight(&config).context("KV_INDEXER_STATE_DIR")?;
+    boot::preflight(&config)?;
     let listener = TcpListener::bind(args.listen_addr)
         .await
         .with_context(|| format!("binding KV_INDEXER_LISTEN_ADDR {}", args.listen_addr))?;

@@ -1,6 +1,8 @@
 //! `kv-indexer-sim`: a simulated SGLang (or vLLM) worker, for the demo and the tests (see the
 //! `kv-indexer-sim` library's documentation). In this package so that the wheel carries it.
 
+use std::process::ExitCode;
+
 use anyhow::Context;
 use kv_common::signal;
 use kv_indexer_sim::{Args, Config, Listeners, Worker};
@@ -8,7 +10,11 @@ use tracing::info;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    sgl_kv_indexer::exit_code(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let config = Config::from_args(sgl_kv_indexer::parse_args::<Args>())?;
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
