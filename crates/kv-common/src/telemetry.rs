@@ -52,6 +52,13 @@ pub enum MetricsError {
     Serve(#[source] std::io::Error),
 }
 
+/// The process's resident memory, CPU seconds, open and maximum descriptors, threads and start
+/// time (`process_*`, read from `/proc` at each scrape), as every binary exports them.
+fn process_metrics() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
 /// How the recorder exposes what it records.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Exposition<'a> {
@@ -91,12 +98,15 @@ impl Metrics {
         }
         let handle = builder.install_recorder().map_err(MetricsError::Install)?;
         let handle = HANDLE.get_or_init(|| handle).clone();
+        process_metrics().describe();
+        process_metrics().collect();
         tokio::spawn(upkeep(handle.clone(), stop.clone()));
         Ok(Metrics { handle })
     }
 
-    /// The exposition text.
+    /// The exposition text, the process's own metrics read afresh.
     pub fn render(&self) -> String {
+        process_metrics().collect();
         self.handle.render()
     }
 

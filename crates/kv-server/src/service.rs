@@ -622,7 +622,7 @@ mod tests {
 
     #[tokio::test]
     #[allow(clippy::await_holding_lock)] // holding the write lock over the await is the case
-    async fn a_query_goes_to_the_blocking_pool_while_a_writer_holds_the_lock() {
+    async fn a_query_goes_to_the_blocking_pool_while_the_cell_is_held() {
         let shared = Arc::new(Shared::new(&Config::default()).unwrap());
         let held = shared.lock_index();
         let query = tokio::spawn({

@@ -73,12 +73,29 @@ enum IndexOp {
 }
 
 impl IndexOp {
+    /// Applies the op to the other copy, its table rebuilt first as the first copy's was.
     fn replay(&self, index: &mut Index) {
         match self {
-            IndexOp::Apply(batch) => index.apply(batch),
+            IndexOp::Apply(batch) => {
+                drop(make_room(index, batch.reported_blocks()));
+                index.apply(batch);
+            }
             IndexOp::CountHits(hashes) => index.count_hits(hashes),
         }
     }
+}
+
+/// Rebuilds `index`'s block table now when a change adding at most `blocks` blocks would (grow
+/// it, or purge it of stale entries), counted and timed; the table replaced, if any.
+fn make_room(index: &mut Index, blocks: usize) -> Option<SpareTable> {
+    if blocks == 0 {
+        return None;
+    }
+    let start = Instant::now();
+    let spare = index.table_for(blocks)?;
+    crate::observe::table_rebuilt(spare.entries(), start.elapsed());
+    // Built from this index just now, so installed (a refusal would hand it back unused).
+    Some(index.install_table(spare).unwrap_or_else(|unused| unused))
 }
 
 /// The one writer of an [`IndexCell`]: owns the copy readers do not see.
@@ -153,6 +170,7 @@ impl IndexWriter {
     /// and a clone of it as the writer's copy. The replaced copies are dropped after their
     /// readers are done with them.
     pub fn replace(&mut self, index: Index) -> (Arc<Index>, Arc<Index>) {
+        debug_assert!(self.pending.is_empty(), "replaced with changes unpublished");
         let spare = Arc::new(index.clone());
         let old_published = std::mem::replace(&mut *self.cell.published.write(), Arc::new(index));
         self.behind.clear();
@@ -171,6 +189,9 @@ impl IndexWriter {
     }
 }
 
+/// A wait for readers this long is logged.
+const LONG_READER_WAIT: Duration = Duration::from_secs(1);
+
 /// The copy in `slot`, once no reader holds it.
 fn exclusive(slot: &mut Arc<Index>) -> &mut Index {
     let start = Instant::now();
@@ -186,7 +207,15 @@ fn exclusive(slot: &mut Arc<Index>) -> &mut Index {
         }
     }
     if spins > 0 {
-        crate::observe::reader_wait(start.elapsed());
+        let waited = start.elapsed();
+        crate::observe::reader_wait(waited);
+        if waited >= LONG_READER_WAIT {
+            // A reader held this copy that long: a huge scan, or an export (`/state`'s digest).
+            tracing::warn!(
+                waited_ms = waited.as_millis() as u64,
+                "the writer waited for a long read of the copy it changes: applies were held meanwhile"
+            );
+        }
     }
     Arc::get_mut(slot).expect("no other holder: readers take only the published copy")
 }

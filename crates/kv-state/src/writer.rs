@@ -244,6 +244,9 @@ pub(crate) struct PendingApply {
 /// A change accepted for the log, waiting for the group's append.
 enum Accepted {
     Apply(PendingApply),
+    /// A batch applied before: not logged again, answered (with the sizes then) once what was
+    /// accepted before it is published, or refused with its group.
+    Duplicate(oneshot::Sender<Result<IndexStats, ChangeError>>),
     Other {
         record: Record,
         reply: Option<oneshot::Sender<Result<Vec<NodeMatch>, ChangeError>>>,
@@ -280,11 +283,7 @@ impl Thread {
         let mut accepted = Vec::new();
         for job in group {
             match job {
-                Job::Apply(apply) => {
-                    if let Some(apply) = self.accept_apply(apply) {
-                        accepted.push(Accepted::Apply(apply));
-                    }
-                }
+                Job::Apply(apply) => accepted.extend(self.accept_apply(apply)),
                 Job::CountHits { hashes, reply } => accepted.push(Accepted::Other {
                     record: Record {
                         time_ms: now_ms(),
@@ -321,7 +320,7 @@ impl Thread {
 
     /// Fences an apply; an accepted one raises the worker's incarnation at once, so that an
     /// older bridge's apply later in the same group is fenced too.
-    fn accept_apply(&mut self, mut apply: PendingApply) -> Option<PendingApply> {
+    fn accept_apply(&mut self, mut apply: PendingApply) -> Option<Accepted> {
         let worker = apply.valid.worker_id();
         let before = self.meta.get(worker).copied();
         self.admitted.push((worker.to_owned(), before));
@@ -330,14 +329,12 @@ impl Thread {
                 let _ = apply.reply.send(Err(error));
                 None
             }
-            // Applied before: answered at once, never logged twice.
-            Ok(Gate::Duplicate) => {
-                let _ = apply.reply.send(Ok(self.index.published().stats()));
-                None
-            }
+            // Applied before: never logged twice, answered in order with the group (an earlier
+            // copy of it may be in this very group, not yet published).
+            Ok(Gate::Duplicate) => Some(Accepted::Duplicate(apply.reply)),
             Ok(gate) => {
                 apply.gate = gate;
-                Some(apply)
+                Some(Accepted::Apply(apply))
             }
         }
     }
@@ -380,7 +377,11 @@ impl Thread {
             records.push(match change {
                 Accepted::Apply(apply) => apply.bytes.take().expect("a logged apply has its bytes"),
                 Accepted::Other { record, .. } => record.encode(),
+                Accepted::Duplicate(_) => continue,
             });
+        }
+        if records.is_empty() {
+            return Ok(());
         }
         let now = match durable.append(&records) {
             Ok(()) => WriteState::Writable,
@@ -409,10 +410,11 @@ impl Thread {
     /// them and answers them: a long group is seen, and answered, in slices.
     fn apply_some(&mut self, changes: &mut impl Iterator<Item = Accepted>) {
         let abort = AbortOnPanic("applying logged changes");
-        let started = Instant::now();
         let mut answers = Vec::new();
         let mut retired = Vec::new();
         let mut index = self.index.change();
+        // Timed from here: the wait for readers and the catch-up are not the slice's work.
+        let started = Instant::now();
         for change in changes.by_ref() {
             if let Accepted::Apply(apply) = &change {
                 retired.extend(index.make_room(apply.valid.reported_blocks()));
@@ -643,6 +645,7 @@ fn apply_change(index: &mut Changing<'_>, meta: &mut Meta, change: Accepted) -> 
             }
             Answer::Apply(reply, applied.and_then(Applied::answer))
         }
+        Accepted::Duplicate(reply) => Answer::Apply(reply, Ok(index.stats())),
         Accepted::Other { record, reply } => {
             let result = apply_record(index, meta, &record).map(|applied| match applied {
                 Applied::CountHits(matches) => matches,
@@ -658,6 +661,9 @@ impl Accepted {
         match self {
             Accepted::Apply(apply) => {
                 let _ = apply.reply.send(Err(error));
+            }
+            Accepted::Duplicate(reply) => {
+                let _ = reply.send(Err(error));
             }
             Accepted::Other {
                 reply: Some(reply), ..

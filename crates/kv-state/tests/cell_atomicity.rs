@@ -245,3 +245,51 @@ proptest! {
         cell.read().check_invariants();
     }
 }
+
+/// Read-your-writes through the single server's writer: an apply (and a retry of it, a
+/// duplicate in the same group) is answered only once it is published, so a query that starts
+/// after the answer sees it. Holding the cell holds the publication, and so the answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // holding the cell over the awaits is the case
+async fn an_apply_is_answered_only_once_queries_see_it() {
+    let cell = cell::empty();
+    let writer = kv_state::writer::Writer::start(
+        IndexWriter::new(cell.clone()),
+        None,
+        kv_state::meta::Meta::new(),
+        None,
+    )
+    .unwrap();
+    let request = kv_indexer_proto::v1::ApplyExternalKvBatchRequest {
+        worker_id: "w".into(),
+        worker_address: "http://w".into(),
+        bridge_incarnation: Some(1),
+        bridge_batch: Some(1),
+        actions: vec![kv_indexer_proto::v1::ExternalKvAction {
+            r#type: ActionKind::Report as i32,
+            tier: Tier::Hbm.wire(),
+            hashes: chain(16),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let held = cell.hold();
+    let first = tokio::spawn({
+        let (writer, request) = (writer.clone(), request.clone());
+        async move { writer.apply(request).await }
+    });
+    let retry = tokio::spawn({
+        let (writer, request) = (writer.clone(), request.clone());
+        async move { writer.apply(request).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !first.is_finished() && !retry.is_finished(),
+        "answered before it was published"
+    );
+    drop(held);
+    assert_eq!(first.await.unwrap().unwrap().blocks, 16);
+    assert_eq!(retry.await.unwrap().unwrap().blocks, 16);
+    assert_eq!(cell.read().stats().blocks, 16);
+    writer.stop().await.unwrap();
+}
