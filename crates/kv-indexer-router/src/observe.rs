@@ -62,6 +62,11 @@ pub fn describe() {
     );
     metrics::counter!("kv_router_indexer_unknown_addresses_total").absolute(0);
     metrics::describe_counter!(
+        "kv_router_worker_indexer_matches_total",
+        Unit::Count,
+        "Indexer answers that named the worker as holding a prefix of the prompt, by worker URL (none for a worker others get: its published block hashes differ from the router's)"
+    );
+    metrics::describe_counter!(
         "kv_router_worker_load_polls_total",
         Unit::Count,
         "Polls of a worker's GET /get_load, by worker URL and outcome (ok; failed: no answer, an error status or a body without num_reqs, so its load is this router's own count)"

@@ -561,6 +561,9 @@ impl CacheAware {
                 }
                 continue;
             };
+            // Per worker: one whose cache is never named while others' are has a hashing
+            // mismatch (scheme, seed, block size, tokenizer): alert KvRouterWorkerNeverMatched.
+            workers.list[worker].indexer_matches.increment(1);
             if !workers.list[worker].is_routable() {
                 continue;
             }

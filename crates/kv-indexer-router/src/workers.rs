@@ -33,6 +33,8 @@ pub struct Worker {
     pub label: SharedString,
     /// `kv_router_worker_healthy{worker}`.
     healthy_gauge: Gauge,
+    /// `kv_router_worker_indexer_matches_total{worker}`: Indexer answers that named it.
+    pub indexer_matches: Counter,
     healthy: AtomicBool,
     /// A health check has answered (either way): until then "healthy" is only assumed.
     checked: AtomicBool,
@@ -181,7 +183,11 @@ impl Worker {
             counter.increment(0);
             counter
         };
+        let indexer_matches = metrics::counter!("kv_router_worker_indexer_matches_total",
+            "worker" => label.clone());
+        indexer_matches.increment(0);
         Worker {
+            indexer_matches,
             polls_ok: polls("ok"),
             polls_failed: polls("failed"),
             routed_tokens: AtomicUsize::new(0),

@@ -35,6 +35,8 @@ async fn every_metric_is_described_and_exported_from_start() {
         "kv_router_indexer_queries_total",
         "kv_router_indexer_query_seconds",
         "kv_router_worker_healthy",
+        "kv_router_worker_indexer_matches_total",
+        "kv_router_indexer_unknown_addresses_total",
     ] {
         assert!(
             text.contains(&format!("# HELP {metric} ")),
@@ -48,6 +50,8 @@ async fn every_metric_is_described_and_exported_from_start() {
         r#"kv_router_indexer_queries_total{fleet="demo",outcome="matched"} 0"#,
         r#"kv_router_indexer_queries_total{fleet="demo",outcome="timeout"} 0"#,
         r#"kv_router_worker_healthy{fleet="demo",worker="http://127.0.0.1:2"} 1"#,
+        r#"kv_router_worker_indexer_matches_total{fleet="demo",worker="http://127.0.0.1:1"} 0"#,
+        r#"kv_router_indexer_unknown_addresses_total{fleet="demo"} 0"#,
         // Histograms with buckets (10 µs..1 s and 1 ms..60 s), not summaries.
         r#"kv_router_indexer_query_seconds_bucket{fleet="demo",outcome="matched",le="0.00001"} 0"#,
         r#"kv_router_indexer_query_seconds_bucket{fleet="demo",outcome="matched",le="1"} 0"#,
