@@ -143,12 +143,15 @@ impl IndexWriter {
     /// this copy from before the last publication.
     pub fn change(&mut self) -> Changing<'_> {
         let index = exclusive(&mut self.spare);
+        let abort = AbortOnPanic("changing the index");
         for op in self.behind.drain(..) {
             op.replay(index);
         }
         Changing {
             index,
             ops: &mut self.pending,
+            started: Instant::now(),
+            _abort: abort,
         }
     }
 
@@ -158,6 +161,7 @@ impl IndexWriter {
         if self.pending.is_empty() {
             return;
         }
+        let _abort = AbortOnPanic("publishing the index");
         {
             let mut published = self.cell.published.write();
             std::mem::swap(&mut *published, &mut self.spare);
@@ -246,13 +250,25 @@ impl IndexChange for Index {
 }
 
 /// The writer's copy being changed ([`IndexWriter::change`]): each change is applied and
-/// recorded, to be replayed onto the other copy after the next publication.
+/// recorded, to be replayed onto the other copy after the next publication. A panic while it
+/// lives aborts the process.
 pub struct Changing<'a> {
     index: &'a mut Index,
     ops: &'a mut Vec<IndexOp>,
+    /// When the catch-up ended: the slice's own work is timed from here.
+    started: Instant,
+    /// A panic while this copy is half-changed aborts (an unwinding one could let a later
+    /// publication serve it).
+    _abort: AbortOnPanic,
 }
 
 impl Changing<'_> {
+    /// Whether this slice has applied for [`PUBLISH_AFTER`] (the wait for readers and the
+    /// catch-up not counted): time to publish and answer what it holds.
+    pub fn slice_spent(&self) -> bool {
+        self.started.elapsed() >= PUBLISH_AFTER
+    }
+
     /// Rebuilds the block table now when a change adding at most `blocks` blocks would (grow
     /// it, or purge it of stale entries), so that the rebuild is counted and timed. On the
     /// writer's copy no reader waits for it; the other copy rebuilds alike when it replays.

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
 use crate::apply::{Applied, apply_admitted, apply_record};
-use crate::cell::{AbortOnPanic, Changing, IndexWriter, PUBLISH_AFTER};
+use crate::cell::{Changing, IndexWriter};
 use crate::clock::now_ms;
 use crate::durable::{Building, Durable, WriteState, build_snapshot, prune, write_snapshot};
 use crate::error::{ChangeError, StateError};
@@ -398,7 +398,7 @@ impl Thread {
 
     /// Applies logged changes, in order, to the writer's copy of the index, publishes them
     /// together, then answers each (so an answered change is seen by every later query). A
-    /// panic inside aborts, see [`AbortOnPanic`].
+    /// panic inside aborts, see [`crate::cell::AbortOnPanic`].
     fn apply_all(&mut self, changes: Vec<Accepted>) {
         let mut changes = changes.into_iter().peekable();
         while changes.peek().is_some() {
@@ -406,27 +406,23 @@ impl Thread {
         }
     }
 
-    /// Applies changes from `changes` for at most [`PUBLISH_AFTER`] (at least one), publishes
+    /// Applies changes from `changes` for at most [`crate::cell::PUBLISH_AFTER`] (at least one), publishes
     /// them and answers them: a long group is seen, and answered, in slices.
     fn apply_some(&mut self, changes: &mut impl Iterator<Item = Accepted>) {
-        let abort = AbortOnPanic("applying logged changes");
         let mut answers = Vec::new();
         let mut retired = Vec::new();
         let mut index = self.index.change();
-        // Timed from here: the wait for readers and the catch-up are not the slice's work.
-        let started = Instant::now();
         for change in changes.by_ref() {
             if let Accepted::Apply(apply) = &change {
                 retired.extend(index.make_room(apply.valid.reported_blocks()));
             }
             answers.push(apply_change(&mut index, &mut self.meta, change));
-            if started.elapsed() >= PUBLISH_AFTER {
+            if index.slice_spent() {
                 break;
             }
         }
         let stats = index.stats();
         self.index.publish();
-        drop(abort);
         crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
         for answer in answers {
             answer.send();

@@ -17,7 +17,7 @@ use super::freshness::Freshness;
 use super::rollback::Rollback;
 use super::waiters::{Outcome, Waiters};
 use crate::apply::apply_record;
-use crate::cell::{AbortOnPanic, Changing, IndexWriter, PUBLISH_AFTER};
+use crate::cell::{Changing, IndexWriter};
 use crate::clock::now_ms;
 use crate::dir::StateDir;
 use crate::error::{ChangeError, StateError};
@@ -231,7 +231,7 @@ impl Applier {
 
     /// Applies the entries read, in order, to this replica's copy of the index, publishes them
     /// together, then answers the jobs this replica appended among them (an answered apply is
-    /// in its index). A panic inside aborts, see [`AbortOnPanic`].
+    /// in its index). A panic inside aborts, see [`crate::cell::AbortOnPanic`].
     fn apply_all(&mut self, entries: Vec<Entry>) {
         let mut entries = entries.into_iter().peekable();
         while entries.peek().is_some() {
@@ -239,16 +239,13 @@ impl Applier {
         }
     }
 
-    /// Applies entries from `entries` for at most [`PUBLISH_AFTER`] (at least one), publishes
+    /// Applies entries from `entries` for at most [`crate::cell::PUBLISH_AFTER`] (at least one), publishes
     /// them and answers them.
     fn apply_some(&mut self, entries: &mut impl Iterator<Item = Entry>) {
-        let abort = AbortOnPanic("applying shared-log entries");
         let mut answers = Vec::new();
         let mut skipped = Vec::new();
         let mut retired = Vec::new();
         let mut index = self.index.change();
-        // Timed from here: the wait for readers and the catch-up are not the slice's work.
-        let started = Instant::now();
         for entry in entries.by_ref() {
             let waiter = entry
                 .origin
@@ -261,13 +258,12 @@ impl Applier {
             self.last_origin = Some(entry.origin.clone());
             skipped.extend(skip.map(|why| (entry, why)));
             retired.extend(replaced);
-            if started.elapsed() >= PUBLISH_AFTER {
+            if index.slice_spent() {
                 break;
             }
         }
         let stats = index.stats();
         self.index.publish();
-        drop(abort);
         crate::observe::index_size(stats, crate::meta::live_workers(&self.meta));
         for (entry, why) in skipped {
             self.skip(&entry, &why);
