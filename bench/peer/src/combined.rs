@@ -147,17 +147,8 @@ pub fn ours(pages: &Pages, applies: &[(ValidApply, usize)], arrangement: Arrange
     for (valid, _) in before {
         index.write().apply(valid);
     }
-    let start = Barrier::new(2);
-    let done = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let querier = scope.spawn(|| {
-            answer_until(pages, &start, &done, |r| {
-                let answer = index.read().match_prefix_hits(pages.request(r), 0);
-                std::hint::black_box(answer).expect("valid query");
-            })
-        });
-        start.wait();
-        let began = Instant::now();
+    let query = |r| index.read().match_prefix_hits(pages.request(r), 0);
+    let (wall, ns) = race(pages, query, || {
         for (valid, _) in timed {
             let mut writer = index.write();
             writer.apply(valid);
@@ -165,13 +156,10 @@ pub fn ours(pages: &Pages, applies: &[(ValidApply, usize)], arrangement: Arrange
                 RwLockWriteGuard::unlock_fair(writer);
             }
         }
-        let wall = began.elapsed();
-        done.store(true, Ordering::Relaxed);
-        let ns = querier.join().expect("the querier ran");
-        let all: usize = applies.iter().map(|(_, n)| n).sum();
-        assert_eq!(index.read().stats().placements, all, "every page placed");
-        Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns)
-    })
+    });
+    let all: usize = applies.iter().map(|(_, n)| n).sum();
+    assert_eq!(index.read().stats().placements, all, "every page placed");
+    Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns)
 }
 
 /// [`ours`] on the server's cell: each apply made on the writer's copy (its table grown there
@@ -186,17 +174,8 @@ fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
     let cell = cell::empty();
     let mut writer = IndexWriter::new(cell.clone());
     writer.replace(first);
-    let start = Barrier::new(2);
-    let done = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let querier = scope.spawn(|| {
-            answer_until(pages, &start, &done, |r| {
-                let answer = cell.read().match_prefix_hits(pages.request(r), 0);
-                std::hint::black_box(answer).expect("valid query");
-            })
-        });
-        start.wait();
-        let began = Instant::now();
+    let query = |r| cell.read().match_prefix_hits(pages.request(r), 0);
+    let (wall, ns) = race(pages, query, || {
         let mut slice = Instant::now();
         for (valid, _) in timed {
             let mut index = writer.change();
@@ -210,13 +189,34 @@ fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
             drop(retired);
         }
         writer.publish();
+    });
+    let all: usize = applies.iter().map(|(_, n)| n).sum();
+    assert_eq!(cell.read().stats().placements, all, "every page placed");
+    assert!(writer.copies_equal(), "the two copies differ");
+    Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns)
+}
+
+/// Runs `apply` on this thread while another answers every request in turn with `query`
+/// until it returns: `apply`'s wall time, and each query's.
+fn race<T, E: std::fmt::Debug>(
+    pages: &Pages,
+    query: impl Fn(usize) -> Result<T, E> + Sync,
+    apply: impl FnOnce(),
+) -> (Duration, Vec<u64>) {
+    let start = Barrier::new(2);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let querier = scope.spawn(|| {
+            answer_until(pages, &start, &done, |r| {
+                std::hint::black_box(query(r)).expect("valid query");
+            })
+        });
+        start.wait();
+        let began = Instant::now();
+        apply();
         let wall = began.elapsed();
         done.store(true, Ordering::Relaxed);
-        let ns = querier.join().expect("the querier ran");
-        let all: usize = applies.iter().map(|(_, n)| n).sum();
-        assert_eq!(cell.read().stats().placements, all, "every page placed");
-        assert!(writer.copies_equal(), "the two copies differ");
-        Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns)
+        (wall, querier.join().expect("the querier ran"))
     })
 }
 

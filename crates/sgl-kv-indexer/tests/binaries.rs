@@ -183,27 +183,12 @@ async fn the_writer_builds_a_bigger_table_before_the_change_that_needs_it() {
 }
 
 async fn rebuilds_are_counted(variables: &[(&str, &str)]) {
-    let (grpc, admin) = (Port::reserve(), Port::reserve());
-    let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
-    drop((grpc, admin));
-    let _server = KilledOnDrop(
-        server(&[
-            ("KV_INDEXER_LISTEN_ADDR", &grpc_addr.to_string()),
-            ("KV_INDEXER_METRICS_ADDR", &admin_addr.to_string()),
-        ])
-        .envs(variables.iter().copied())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap(),
-    );
-    wait_for(admin_addr, "SERVING", &|text| {
-        metric(text, "kv_indexer_serving") == Some(1.0)
-    });
-    let mut client = kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient::connect(format!(
-        "http://{grpc_addr}"
-    ))
-    .await
-    .unwrap();
+    let Started {
+        process: _server,
+        mut client,
+        admin: admin_addr,
+        ..
+    } = start_server(variables, None).await;
     let rebuilds = || {
         metric(
             &scrape(admin_addr).unwrap(),
@@ -353,6 +338,7 @@ type Client = kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient<tonic::tr
 struct Started {
     process: KilledOnDrop,
     client: Client,
+    grpc: std::net::SocketAddr,
     admin: std::net::SocketAddr,
 }
 
@@ -385,6 +371,7 @@ async fn start_server(variables: &[(&str, &str)], preload: Option<&std::path::Pa
     Started {
         process,
         client,
+        grpc: grpc_addr,
         admin: admin_addr,
     }
 }
@@ -676,21 +663,8 @@ async fn raw_call(addr: std::net::SocketAddr, path: &str, body: &[u8]) -> Option
 /// counted as `unknown`.
 #[tokio::test]
 async fn undecodable_calls_are_invalid_arguments_and_counted() {
-    let (grpc, admin) = (Port::reserve(), Port::reserve());
-    let (grpc_addr, admin_addr) = (grpc.addr(), admin.addr());
-    drop((grpc, admin));
-    let _server = KilledOnDrop(
-        server(&[
-            ("KV_INDEXER_LISTEN_ADDR", &grpc_addr.to_string()),
-            ("KV_INDEXER_METRICS_ADDR", &admin_addr.to_string()),
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap(),
-    );
-    wait_for(admin_addr, "SERVING", &|text| {
-        metric(text, "kv_indexer_serving") == Some(1.0)
-    });
+    let server = start_server(&[], None).await;
+    let (grpc_addr, admin_addr) = (server.grpc, server.admin);
     // Field 2, length-delimited, 127 bytes long, and nothing after: a truncated message.
     let garbage = [0x12, 0x7f];
     for method in [
