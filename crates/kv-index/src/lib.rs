@@ -24,6 +24,6 @@ pub mod types;
 pub mod validate;
 
 pub use image_io::{ImageError, ImageInput};
-pub use index::{Export, ExportedWorker, Held, Index, MAX_WORKERS, SpareTable};
+pub use index::{Export, ExportedWorker, Held, Index, MAX_WORKERS, SpareTable, WorkerSummary};
 pub use types::*;
 pub use validate::{ErrorClass, ValidationError, validate_lookup, validate_prefix};

@@ -32,7 +32,7 @@ use tracing::debug;
 
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::outcome::{self, HitCount, NodeMatch, PrefixMatch, PrefixOutcome, QueryError};
-use crate::security::{Authorize, ClientSecurity, Grpc, SecurityError};
+use crate::security::{AdminClient, Authorize, ClientSecurity, Grpc, SecurityError};
 
 /// The standard health service's client, with the token on every call.
 type HealthClient = tonic_health::pb::health_client::HealthClient<
@@ -92,10 +92,12 @@ pub enum ClientError {
 }
 
 #[derive(Debug)]
-struct Replica {
-    endpoint: Endpoint,
+pub(crate) struct Replica {
+    pub(crate) endpoint: Endpoint,
     client: Grpc,
     health: HealthClient,
+    /// Our admin service (`kv-indexer-ctl state`, `workers`, `drop`).
+    pub(crate) admin: AdminClient,
     ejection: Ejection,
     /// This client's calls to it now.
     outstanding: AtomicUsize,
@@ -155,12 +157,12 @@ impl Ejection {
 /// connected HTTP/2 channel per replica.
 #[derive(Debug)]
 pub struct IndexerClient {
-    replicas: Vec<Replica>,
+    pub(crate) replicas: Vec<Replica>,
     /// Turns: where the next query starts looking for the least busy replica.
     turn: AtomicUsize,
     admission: Semaphore,
     max_inflight: usize,
-    query_timeout: Duration,
+    pub(crate) query_timeout: Duration,
 }
 
 impl IndexerClient {
@@ -187,11 +189,13 @@ impl IndexerClient {
                     .tcp_nodelay(true)
                     .connect_lazy();
                 let client = credentials.client(channel.clone());
-                let health = HealthClient::new(credentials.authorized(channel));
+                let health = HealthClient::new(credentials.authorized(channel.clone()));
+                let admin = AdminClient::new(credentials.authorized(channel));
                 Ok(Replica {
                     endpoint,
                     client,
                     health,
+                    admin,
                     ejection: Ejection::default(),
                     outstanding: AtomicUsize::new(0),
                 })
@@ -455,7 +459,7 @@ impl IndexerClient {
         Err(last.unwrap_or_else(|| Status::unavailable("no replica")))
     }
 
-    fn spent(&self) -> Status {
+    pub(crate) fn spent(&self) -> Status {
         Status::deadline_exceeded(format!(
             "no answer within the query timeout of {:?}",
             self.query_timeout

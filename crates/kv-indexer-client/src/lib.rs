@@ -15,11 +15,14 @@
 //!   rejected at start-up when it can never be dialed.
 //! - [`client`]: [`IndexerClient`], lazily connected, with the local admission bound, the
 //!   deadline (sent and enforced), replica fail-over and long-prompt truncation.
+//! - [`admin`]: the operator's calls to our admin service (each server's state, the workers,
+//!   dropping one), on the same client.
 //! - [`security`]: TLS roots, client identity (mutual TLS) and the bearer token, shared by
 //!   every client of the Indexer.
 //! - [`outcome`]: [`PrefixOutcome`] and the lookup answers; the one place that turns wire
 //!   answers and status codes into them.
 
+pub mod admin;
 pub mod block_hasher;
 #[cfg(feature = "chat")]
 pub mod chat;
@@ -32,6 +35,7 @@ pub mod tokenize;
 pub mod tokenizer;
 pub mod vllm_hashing;
 
+pub use admin::{ServerState, WorkerState};
 pub use block_hasher::BlockHasher;
 pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES, ServingStatus};
 pub use endpoint::{Endpoint, EndpointError};

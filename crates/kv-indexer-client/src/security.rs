@@ -131,6 +131,11 @@ impl Interceptor for Authorize {
 /// The generated gRPC client over a channel, with the token added to every call.
 pub type Grpc = KvIndexerClient<InterceptedService<Channel, Authorize>>;
 
+/// Our admin service's generated client, with the token added to every call.
+pub(crate) type AdminClient = kv_indexer_proto::v1::kv_indexer_admin_client::KvIndexerAdminClient<
+    InterceptedService<Channel, Authorize>,
+>;
+
 impl ClientSecurity {
     /// Reads the files and checks the settings.
     pub fn load(&self) -> Result<Credentials, SecurityError> {

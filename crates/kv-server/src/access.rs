@@ -5,6 +5,7 @@
 //! - The read token, when set, is required by the three queries and by `PredictExternalKv`
 //!   (routers hold the read token; a prediction never changes the index); the write token is
 //!   accepted for them too (a writer may read).
+//! - `KVIndexerAdmin` (ours): `DropWorker` needs the write token, its reads the read token.
 //! - Health and reflection stay open, so load balancers and `grpcurl` work without a token.
 //!
 //! A call without the token its method needs is answered UNAUTHENTICATED and changes nothing.
@@ -76,6 +77,11 @@ pub(crate) const METHODS: [&str; 5] = [
     "PredictExternalKv",
 ];
 
+/// The RPC paths of the `KVIndexerAdmin` service (ours): the drop writes, the rest read.
+const ADMIN_PREFIX: &str = "/kv_indexer.v1.KVIndexerAdmin/";
+const ADMIN_WRITE_METHOD: &str = "DropWorker";
+const ADMIN_METHODS: [&str; 3] = ["GetIndexerState", "ListWorkers", ADMIN_WRITE_METHOD];
+
 /// What a call needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need {
@@ -87,6 +93,12 @@ pub enum Need {
 impl Need {
     /// The need of the call to `path` (`/package.Service/Method`).
     pub fn of(path: &str) -> Need {
+        if let Some(method) = path.strip_prefix(ADMIN_PREFIX) {
+            return match method {
+                ADMIN_WRITE_METHOD => Need::Write,
+                _ => Need::Read,
+            };
+        }
         match path.strip_prefix(SERVICE_PREFIX) {
             Some(WRITE_METHOD) => Need::Write,
             Some(_) => Need::Read,
@@ -97,10 +109,17 @@ impl Need {
 
 /// The method name of `path` as a static label (`"unknown"` for anything else).
 pub fn method_label(path: &str) -> &'static str {
-    let method = path.strip_prefix(SERVICE_PREFIX).unwrap_or("");
-    METHODS
-        .into_iter()
-        .find(|known| *known == method)
+    let (method, known) = match path.strip_prefix(ADMIN_PREFIX) {
+        Some(method) => (method, &ADMIN_METHODS[..]),
+        None => (
+            path.strip_prefix(SERVICE_PREFIX).unwrap_or(""),
+            &METHODS[..],
+        ),
+    };
+    known
+        .iter()
+        .copied()
+        .find(|name| *name == method)
         .unwrap_or("unknown")
 }
 
@@ -333,6 +352,16 @@ mod tests {
         assert_eq!(Need::of(HEALTH), Need::Nothing);
         assert_eq!(method_label(PREFIX), "MatchExternalKvPrefix");
         assert_eq!(method_label(HEALTH), "unknown");
+        // The admin service: the drop writes, the rest read.
+        let drop = "/kv_indexer.v1.KVIndexerAdmin/DropWorker";
+        let workers = "/kv_indexer.v1.KVIndexerAdmin/ListWorkers";
+        assert_eq!(Need::of(drop), Need::Write);
+        assert_eq!(Need::of(workers), Need::Read);
+        assert_eq!(method_label(drop), "DropWorker");
+        assert_eq!(
+            method_label("/kv_indexer.v1.KVIndexerAdmin/Nope"),
+            "unknown"
+        );
     }
 
     #[test]

@@ -23,9 +23,12 @@ pub enum ServerError {
     /// Refused by the state beneath (fencing, readiness, freshness, the log).
     #[error(transparent)]
     State(#[from] ChangeError),
-    /// A `PredictExternalKv` field out of its range (the field is named).
+    /// A request field out of its range (the field is named).
     #[error("{0}")]
-    BadPrediction(&'static str),
+    BadField(&'static str),
+    /// A worker id the index does not know (`DropWorker`).
+    #[error("no worker {0:?} in the index (kv-indexer-ctl workers lists them)")]
+    UnknownWorker(String),
 }
 
 impl ServerError {
@@ -38,7 +41,8 @@ impl ServerError {
             ServerError::Scan(PoolError::Full) => Code::ResourceExhausted,
             ServerError::Scan(PoolError::Stopped) => Code::Unavailable,
             ServerError::State(error) => state_code(error),
-            ServerError::BadPrediction(_) => Code::InvalidArgument,
+            ServerError::BadField(_) => Code::InvalidArgument,
+            ServerError::UnknownWorker(_) => Code::NotFound,
         }
     }
 }

@@ -8,6 +8,7 @@
 //! - [`config`]: flags and environment variables;
 //! - [`server`]: assembles the gRPC server and runs it on a bound listener;
 //! - [`service`]: the RPCs, locking, admission and deadline checks;
+//! - [`admin`]: the operator's service (state, workers, drop) and the `/state` report;
 //! - [`predict`]: routers' predicted placements, in memory only, with their TTL;
 //! - [`pool`]: the query threads prefix scans run on, below the runtime's priority;
 //! - [`deadline`]: arrival stamps and `grpc-timeout` parsing;
@@ -15,6 +16,7 @@
 //! - [`observe`]: Prometheus metrics and their admin endpoint;
 
 pub mod access;
+pub mod admin;
 pub mod boot;
 pub mod config;
 pub mod deadline;

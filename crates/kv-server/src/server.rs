@@ -25,6 +25,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use kv_common::DoublingLog;
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
+use kv_indexer_proto::v1::kv_indexer_admin_server::KvIndexerAdminServer;
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -35,6 +36,7 @@ use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
 use crate::access::{self, PREFIX_PATH};
+use crate::admin::AdminService;
 use crate::config::{Config, ConnectionLimits};
 use crate::deadline::Arrival;
 use crate::error::StartError;
@@ -435,12 +437,13 @@ pub fn serve_on_own_thread(
         })
 }
 
-/// The gRPC services: the Indexer, health (SERVING from the start) and reflection.
+/// The gRPC services: the Indexer, its admin service, health (SERVING from the start) and reflection.
 async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
     shared.publish_health().await;
     let health_service = tonic_health::pb::health_server::HealthServer::new(
         tonic_health::server::HealthService::from_health_reporter(shared.health().clone()),
     );
+    let admin = KvIndexerAdminServer::new(AdminService::new(shared.clone()));
     let service = IndexerService::new(shared);
     let indexer = KvIndexerServer::new(service.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -453,6 +456,7 @@ async fn routes(shared: Arc<Shared>) -> Result<Routes, StartError> {
     let mut routes = Routes::builder();
     routes
         .add_service(indexer)
+        .add_service(admin)
         .add_service(health_service)
         .add_service(reflection().build_v1().map_err(StartError::Reflection)?)
         .add_service(

@@ -415,10 +415,10 @@ impl IndexerService {
     ) -> Result<pb::PredictExternalKvResponse, ServerError> {
         self.shared.writer()?;
         if request.worker_address.is_empty() {
-            return Err(ServerError::BadPrediction("worker_address is empty"));
+            return Err(ServerError::BadField("worker_address is empty"));
         }
         if request.ttl_ms == 0 {
-            return Err(ServerError::BadPrediction("ttl_ms must be at least 1"));
+            return Err(ServerError::BadField("ttl_ms must be at least 1"));
         }
         validate_lookup(&request.hashes)?;
         let recorded = self.shared.predictions.predict(

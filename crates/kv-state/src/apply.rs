@@ -20,7 +20,10 @@ pub enum Applied {
     /// A batch after a gap: the worker was cleared instead (see [`Gate::Gap`]).
     Resync(ChangeError),
     CountHits(Vec<NodeMatch>),
-    Expire,
+    /// Workers expired (or dropped), with the placements they held.
+    Expire {
+        placements: usize,
+    },
 }
 
 impl Applied {
@@ -38,7 +41,7 @@ impl Applied {
         match self {
             Applied::Apply(stats) | Applied::Duplicate(stats) => Ok(stats),
             Applied::Resync(gap) => Err(gap),
-            Applied::CountHits(_) | Applied::Expire => Err(ChangeError::WriterGone),
+            Applied::CountHits(_) | Applied::Expire { .. } => Err(ChangeError::WriterGone),
         }
     }
 }
@@ -109,25 +112,40 @@ pub fn apply_record(
             Ok(Applied::CountHits(matches))
         }
         Change::Expire(workers) => {
+            let mut placements = 0;
             for worker in workers {
-                index.apply(&clear_all(worker)?);
-                worker_meta(meta, worker).expired = true;
+                placements += expire(index, meta, worker)?;
             }
-            Ok(Applied::Expire)
+            Ok(Applied::Expire { placements })
         }
         Change::ExpireUnseen(workers) => {
+            let mut placements = 0;
             for (worker, seen) in workers {
                 let unseen_since = meta
                     .get(worker)
                     .is_some_and(|known| !known.expired && known.last_seen_ms <= *seen);
                 if unseen_since {
-                    index.apply(&clear_all(worker)?);
-                    worker_meta(meta, worker).expired = true;
+                    placements += expire(index, meta, worker)?;
                 }
             }
-            Ok(Applied::Expire)
+            Ok(Applied::Expire { placements })
         }
     }
+}
+
+/// Clears every tier of a worker the index knows (keeping its address and spec) and marks it
+/// expired; the placements it held.
+fn expire(
+    index: &mut impl IndexChange,
+    meta: &mut Meta,
+    worker: &str,
+) -> Result<usize, ChangeError> {
+    let Some(placements) = index.index().worker_placements(worker) else {
+        return Ok(0);
+    };
+    index.apply(&clear_all(worker)?);
+    worker_meta(meta, worker).expired = true;
+    Ok(placements)
 }
 
 /// Clears every tier of `worker`, keeping its address and spec.

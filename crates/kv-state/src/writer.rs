@@ -41,10 +41,13 @@ const GROUP: usize = 512;
 /// What the server sends the writer.
 pub(crate) enum Job {
     Apply(PendingApply),
-    CountHits {
-        hashes: Vec<i64>,
-        reply: oneshot::Sender<Result<Vec<NodeMatch>, ChangeError>>,
+    /// A change other than an apply (a hit count, a drop), answered with what applying it did.
+    Record {
+        change: Change,
+        reply: oneshot::Sender<Result<Applied, ChangeError>>,
     },
+    /// The workers' meta as the index has it now.
+    Workers(oneshot::Sender<Meta>),
     Sweep,
     Snapshot,
     /// A snapshot, answered when it is written (for tests and tools).
@@ -66,7 +69,8 @@ impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Job::Apply { .. } => "Apply",
-            Job::CountHits { .. } => "CountHits",
+            Job::Record { .. } => "Record",
+            Job::Workers(_) => "Workers",
             Job::Sweep => "Sweep",
             Job::Snapshot => "Snapshot",
             Job::SnapshotWait(_) => "SnapshotWait",
@@ -172,8 +176,32 @@ impl Writer {
 
     /// Logs and counts a hit-counting match, answering the match.
     pub async fn count_hits(&self, hashes: Vec<i64>) -> Result<Vec<NodeMatch>, ChangeError> {
+        match self.record(Change::CountHits(hashes)).await? {
+            Applied::CountHits(matches) => Ok(matches),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Logs and applies the drop of `worker`'s placements (an operator's, like a TTL expiry:
+    /// every replica and every replay agrees); answers the placements it held then.
+    pub async fn drop_worker(&self, worker: String) -> Result<usize, ChangeError> {
+        match self.record(Change::Expire(vec![worker])).await? {
+            Applied::Expire { placements } => Ok(placements),
+            _ => Ok(0),
+        }
+    }
+
+    /// The workers' fencing and liveness meta, as of the index answered from now (a replica's
+    /// at its next read of the log, within [`crate::stream::READ_BLOCK`]).
+    pub async fn workers(&self) -> Result<Meta, ChangeError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Job::CountHits { hashes, reply }).await?;
+        self.send(Job::Workers(reply)).await?;
+        answer.await.map_err(|_| ChangeError::WriterGone)
+    }
+
+    async fn record(&self, change: Change) -> Result<Applied, ChangeError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::Record { change, reply }).await?;
         answer.await.map_err(|_| ChangeError::WriterGone)?
     }
 
@@ -249,7 +277,7 @@ enum Accepted {
     Duplicate(oneshot::Sender<Result<IndexStats, ChangeError>>),
     Other {
         record: Record,
-        reply: Option<oneshot::Sender<Result<Vec<NodeMatch>, ChangeError>>>,
+        reply: Option<oneshot::Sender<Result<Applied, ChangeError>>>,
     },
 }
 
@@ -284,13 +312,17 @@ impl Thread {
         for job in group {
             match job {
                 Job::Apply(apply) => accepted.extend(self.accept_apply(apply)),
-                Job::CountHits { hashes, reply } => accepted.push(Accepted::Other {
+                Job::Record { change, reply } => accepted.push(Accepted::Other {
                     record: Record {
                         time_ms: now_ms(),
-                        change: Change::CountHits(hashes),
+                        change,
                     },
                     reply: Some(reply),
                 }),
+                Job::Workers(reply) => {
+                    self.commit(std::mem::take(&mut accepted));
+                    let _ = reply.send(self.meta.clone());
+                }
                 Job::Sweep => {
                     self.commit(std::mem::take(&mut accepted));
                     self.sweep();
@@ -606,8 +638,8 @@ enum Answer {
         Result<IndexStats, ChangeError>,
     ),
     Other(
-        Option<oneshot::Sender<Result<Vec<NodeMatch>, ChangeError>>>,
-        Result<Vec<NodeMatch>, ChangeError>,
+        Option<oneshot::Sender<Result<Applied, ChangeError>>>,
+        Result<Applied, ChangeError>,
     ),
 }
 
@@ -643,11 +675,7 @@ fn apply_change(index: &mut Changing<'_>, meta: &mut Meta, change: Accepted) -> 
         }
         Accepted::Duplicate(reply) => Answer::Apply(reply, Ok(index.stats())),
         Accepted::Other { record, reply } => {
-            let result = apply_record(index, meta, &record).map(|applied| match applied {
-                Applied::CountHits(matches) => matches,
-                _ => Vec::new(),
-            });
-            Answer::Other(reply, result)
+            Answer::Other(reply, apply_record(index, meta, &record))
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A single server's durable state through its own API (the cell, the writer, no gRPC): a
 //! reopened state answers exactly what it answered before (after a clean stop and from a crash
 //! image of its directory), fencing, worker expiry and its guard, every corruption case, the
-//! directory lock, and a property test: any applies, snapshots at random points, crashes at
+//! directory lock, an operator's drop, and a property test: any applies, snapshots at random points, crashes at
 //! random points → the recovered index equals an index given exactly the acknowledged applies.
 
 mod common;
@@ -68,6 +68,24 @@ async fn a_reopened_state_answers_exactly_what_it_answered_before() {
     reopened.stop().await;
     let crashed = State::open_dir(&image).await;
     assert_eq!(crashed.answers(&QUERY), before, "after a crash");
+    crashed.stop().await;
+}
+
+/// An operator's drop is logged: a crash image recovers the worker dropped, and the meta
+/// beside it says expired.
+#[tokio::test]
+async fn a_dropped_worker_stays_dropped_after_a_crash() {
+    let dir = kv_testkit::temp_dir(PREFIX, "drop");
+    let state = State::open_dir(&dir).await;
+    state.apply(report("gone", &[1, 2, 3])).await.unwrap();
+    state.apply(report("kept", &[1, 2])).await.unwrap();
+    assert_eq!(state.writer.drop_worker("gone".into()).await.unwrap(), 3);
+    let image = kv_testkit::crash_image(&dir, PREFIX, "drop-crash");
+    state.stop().await;
+    let crashed = State::open_dir(&image).await;
+    assert_eq!(crashed.held(&[1, 2, 3]), 2, "only kept's placements");
+    let meta = crashed.writer.workers().await.unwrap();
+    assert!(meta["gone"].expired && !meta["kept"].expired, "{meta:?}");
     crashed.stop().await;
 }
 

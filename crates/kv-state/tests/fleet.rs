@@ -4,7 +4,7 @@
 //! published one after the stream was trimmed), a lost log (`FLUSHALL`) makes every replica
 //! start over, an engine outage refuses applies but keeps answering queries until the lag
 //! bound, an idle fleet costs the engine a few commands a second, worker expiry is decided
-//! once, and a property test: applies sent to random replicas leave every replica equal to one
+//! once, an operator's drop reaches every replica, and a property test: applies sent to random replicas leave every replica equal to one
 //! index given the same applies in the order they were answered.
 
 mod common;
@@ -472,6 +472,39 @@ async fn worker_expiry_is_decided_once_through_the_log() {
         "w-live kept its placements"
     );
     converge(&[&b], &a.digest()).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// An operator's drop through one replica is an entry of the log: every replica drops the
+/// worker, and each one's meta says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drop_through_one_replica_reaches_every_replica() {
+    let Some(redis) = RedisServer::start(false) else {
+        return;
+    };
+    let a = serving(&redis, ReplicaSettings::default()).await;
+    let b = serving(&redis, ReplicaSettings::default()).await;
+    let sent = [report("gone", &[1, 2, 3]), report("kept", &[1, 2])];
+    for request in &sent {
+        a.apply(request.clone()).await.unwrap();
+    }
+    assert_eq!(b.writer.drop_worker("gone".into()).await.unwrap(), 3);
+    assert_eq!(
+        b.held(&[1, 2, 3]),
+        2,
+        "read-your-writes: b has applied its drop"
+    );
+    wait::until("a applies the drop", || {
+        let held = a.held(&[1, 2, 3]);
+        async move { (held == 2).then_some(()) }
+    })
+    .await;
+    converge(&[&b], &a.digest()).await;
+    for replica in [&a, &b] {
+        let meta = replica.writer.workers().await.unwrap();
+        assert!(meta["gone"].expired && !meta["kept"].expired, "{meta:?}");
+    }
     a.stop().await;
     b.stop().await;
 }

@@ -7,7 +7,7 @@ use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::simple_tokenize;
 use kv_server::{Config, boot};
 use kv_testkit::booted::Listening;
-use kv_testkit::indexer::HBM;
+use kv_testkit::indexer::{DRAM, HBM, REPORT, action, apply_request};
 use kv_testkit::{Port, TestIndexer};
 use serde_json::Value;
 
@@ -179,6 +179,86 @@ async fn health_and_prefix_tell_a_recovering_server_from_an_unreachable_one() {
     let output = ctl(&args(&["--endpoint", &both, "health"])).await;
     assert_eq!(output.status.code(), Some(1));
     server.stop.cancel();
+}
+
+/// `state`, `workers` and `drop`: the drop takes the worker out of every answer and needs the
+/// write token (that it goes through the log is `kv-state`'s fleet and durable tests).
+#[tokio::test]
+async fn lists_the_workers_and_drops_one_with_the_write_token() {
+    let argv = ["kv-indexer-server", "--write-token", "w-secret"];
+    let config = Config::from_args(&<kv_server::Args as clap::Parser>::parse_from(argv)).unwrap();
+    let server = TestIndexer::with_config(config).await;
+    let mut client = server.client();
+    for (worker, tier, hashes) in [
+        ("a", HBM, vec![1, 2, 3]),
+        ("a", DRAM, vec![4]),
+        ("b", HBM, vec![1, 2]),
+    ] {
+        let mut apply = apply_request(worker, vec![action(REPORT, tier, &hashes)]);
+        apply.seq = 1;
+        let mut request = tonic::Request::new(apply);
+        request
+            .metadata_mut()
+            .insert("authorization", "Bearer w-secret".parse().unwrap());
+        client.apply_external_kv_batch(request).await.unwrap();
+    }
+    let endpoint = server.url();
+    let with = |list: &[&str]| {
+        let mut full = args(&["--endpoint", &endpoint]);
+        full.extend(args(list));
+        full
+    };
+
+    let state = ctl_json(with(&["--json", "state", "--digest"])).await;
+    let replica = &state["replicas"][0];
+    assert_eq!(replica["ready"], true);
+    assert_eq!(replica["workers"], 2);
+    assert_eq!(replica["placements"], 6);
+    assert_eq!(replica["digest"].as_str().unwrap().len(), 64, "{state}");
+
+    let workers = ctl_json(with(&["--json", "workers"])).await;
+    let a = &workers["workers"][0];
+    assert_eq!(a["worker_id"], "a");
+    assert_eq!(a["worker_address"], "http://a:30000");
+    assert_eq!(a["placements"]["hbm"], 3);
+    assert_eq!(a["placements"]["dram"], 1);
+    assert_eq!(a["expired"], false);
+    assert!(a["last_apply_age_s"].as_f64().unwrap() < 60.0, "{a}");
+    assert_eq!(workers["workers"][1]["placements"]["hbm"], 2);
+    let table = String::from_utf8(ctl(&with(&["workers"])).await.stdout).unwrap();
+    assert!(table.lines().nth(1).unwrap().starts_with("a "), "{table}");
+
+    // Without the write token, the drop is refused and changes nothing.
+    let output = ctl(&with(&["drop", "a"])).await;
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("DropWorker needs the Indexer's write token"),
+        "{stderr}"
+    );
+    let unknown = ctl(&with(&["--indexer-token", "w-secret", "drop", "c"])).await;
+    assert_eq!(unknown.status.code(), Some(1));
+    let stderr = String::from_utf8(unknown.stderr).unwrap();
+    assert!(
+        stderr.contains("NotFound") && stderr.contains("\"c\""),
+        "{stderr}"
+    );
+
+    let dropped = ctl_json(with(&[
+        "--indexer-token",
+        "w-secret",
+        "--json",
+        "drop",
+        "a",
+    ]))
+    .await;
+    assert_eq!(dropped["placements_dropped"], 4);
+    let workers = ctl_json(with(&["--json", "workers"])).await;
+    assert_eq!(workers["workers"][0]["expired"], true);
+    assert_eq!(workers["workers"][0]["placements"]["hbm"], 0);
+    let prefix = ctl_json(with(&["--json", "prefix", "1", "2", "3"])).await;
+    assert_eq!(prefix["matches"].as_array().unwrap().len(), 1, "{prefix}");
+    assert_eq!(prefix["matches"][0]["worker_id"], "b");
 }
 
 #[tokio::test]

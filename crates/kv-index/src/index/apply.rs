@@ -214,6 +214,7 @@ impl Index {
     fn count_new_block(&mut self, holder: Holder, mask: u32, c: u32) {
         self.blocks += 1;
         self.placements += 1;
+        self.workers[holder.worker() as usize].placements[holder.tier().index()] += 1;
         if mask != 0 {
             let w = holder.worker() as usize;
             self.workers[w].nonzero_masks += 1;
@@ -290,11 +291,13 @@ impl Index {
                         worker.nonzero_masks += len * usize::from(mask != 0);
                         if old_mask.is_none() {
                             self.placements += len;
+                            worker.placements[holder.tier().index()] += len;
                             gained = true;
                         }
                     }
                     Change::Remove => {
                         self.placements -= len;
+                        worker.placements[holder.tier().index()] -= len;
                         if placements.is_empty() {
                             died = true;
                             chunk.live -= len as u32;

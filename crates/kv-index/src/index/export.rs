@@ -28,6 +28,15 @@ pub struct ExportedWorker {
     pub held: [Vec<Held>; 3],
 }
 
+/// A worker as an operator sees it: its address and how much it holds at each tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSummary {
+    pub id: String,
+    pub address: String,
+    /// Placements per tier, in `Tier::ALL` order.
+    pub placements: [usize; 3],
+}
+
 /// Everything an index holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Export {
@@ -58,6 +67,28 @@ impl Export {
 }
 
 impl Index {
+    /// Every worker the index knows, in worker-id order, with its placements per tier (kept
+    /// as the index changes: no scan).
+    pub fn worker_summaries(&self) -> Vec<WorkerSummary> {
+        self.by_rank
+            .iter()
+            .map(|&w| {
+                let worker = &self.workers[w as usize];
+                WorkerSummary {
+                    id: worker.id.clone(),
+                    address: worker.address.clone(),
+                    placements: worker.placements,
+                }
+            })
+            .collect()
+    }
+
+    /// The placements `worker` holds, at every tier; none for a worker it does not know.
+    pub fn worker_placements(&self, worker: &str) -> Option<usize> {
+        let &w = self.worker_ids.get(worker)?;
+        Some(self.workers[w as usize].placements.iter().sum())
+    }
+
     /// Everything this index holds (see the module docs).
     pub fn export(&self) -> Export {
         let mut workers: Vec<ExportedWorker> = self

@@ -135,6 +135,7 @@ impl Index {
         for c in 0..chunks {
             let chunk = read_chunk(input, workers)
                 .map_err(|error| in_context(error, &format!("chunk {c}")))?;
+            count_placements(&mut index.workers, &chunk);
             index.chunks.push(chunk);
         }
         let free = input.u32()? as usize;
@@ -183,6 +184,17 @@ impl Index {
             self.workers[w as usize].rank = rank as u32;
         }
         self.profiles = self.workers.iter().map(ScanProfile::of).collect();
+    }
+}
+
+/// Adds the placements of `chunk`'s pieces to their workers' per-tier counts (not in the
+/// image: recounted as it is read).
+fn count_placements(workers: &mut [Worker], chunk: &Chunk) {
+    for (k, piece) in chunk.pieces.iter().enumerate() {
+        let len = chunk.piece_end(k) - piece.begin as usize;
+        for p in &piece.placements {
+            workers[p.worker() as usize].placements[p.tier().index()] += len;
+        }
     }
 }
 

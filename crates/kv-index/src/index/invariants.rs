@@ -11,6 +11,8 @@ struct Recount {
     placements: usize,
     /// Per worker: placements with a non-zero mask.
     nonzero: Vec<usize>,
+    /// Per worker and tier: placements.
+    per_tier: Vec<[usize; 3]>,
     /// Per worker and tier: the chunks where it holds something.
     held: Vec<[Vec<u32>; 3]>,
 }
@@ -24,6 +26,7 @@ impl Index {
             blocks: 0,
             placements: 0,
             nonzero: vec![0; self.workers.len()],
+            per_tier: vec![[0; 3]; self.workers.len()],
             held: vec![Default::default(); self.workers.len()],
         };
         for (c, chunk) in self.chunks.iter().enumerate() {
@@ -85,6 +88,7 @@ impl Index {
             recount.placements += len * piece.placements.len();
             for p in &piece.placements {
                 recount.nonzero[p.worker() as usize] += len * usize::from(p.mask != 0);
+                recount.per_tier[p.worker() as usize][p.tier().index()] += len;
                 recount.held[p.worker() as usize][p.tier().index()].push(c as u32);
             }
             for offset in piece.begin as usize..end {
@@ -136,6 +140,10 @@ impl Index {
             assert_eq!(
                 worker.nonzero_masks, recount.nonzero[w],
                 "non-zero masks of worker {w}"
+            );
+            assert_eq!(
+                worker.placements, recount.per_tier[w],
+                "placements per tier of worker {w}"
             );
             assert_eq!(
                 self.profiles[w],

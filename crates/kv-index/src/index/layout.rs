@@ -277,6 +277,8 @@ pub(crate) struct Worker {
     /// Placements with a non-zero component mask, at any tier: a legacy worker with none can be
     /// settled at its first gap.
     pub(crate) nonzero_masks: usize,
+    /// Placements per tier, in `Tier::ALL` order.
+    pub(crate) placements: [usize; 3],
     pub(super) holdings: [Holdings; 3],
 }
 
@@ -288,6 +290,7 @@ impl Worker {
             spec: None,
             rank: 0,
             nonzero_masks: 0,
+            placements: [0; 3],
             holdings: Default::default(),
         }
     }

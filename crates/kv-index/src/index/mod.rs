@@ -45,7 +45,7 @@ use crate::table::BlockTable;
 use crate::types::{IndexStats, ValidApply};
 
 pub use compaction::SpareTable;
-pub use export::{Export, ExportedWorker, Held};
+pub use export::{Export, ExportedWorker, Held, WorkerSummary};
 pub(crate) use layout::{Chunk, Found, Placement};
 use layout::{ScanProfile, Worker, found_at};
 

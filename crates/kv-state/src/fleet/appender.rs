@@ -14,7 +14,7 @@ use super::applier::Applier;
 use super::waiters::{Waiter, Waiters};
 use crate::clock::now_ms;
 use crate::error::{ChangeError, StateError};
-use crate::record::{Change, Record};
+use crate::record::Record;
 use crate::stream::{Stream, StreamConfig, StreamError};
 use crate::writer::{Job, next_group};
 
@@ -39,13 +39,15 @@ impl Appender {
                         let bytes = apply.bytes.expect("a logged apply has its bytes");
                         entries.push(self.wait_for(bytes, Waiter::Apply(apply.reply)));
                     }
-                    Job::CountHits { hashes, reply } => {
+                    Job::Record { change, reply } => {
                         let record = Record {
                             time_ms: now_ms(),
-                            change: Change::CountHits(hashes),
+                            change,
                         };
-                        entries.push(self.wait_for(record.encode(), Waiter::Hits(reply)));
+                        entries.push(self.wait_for(record.encode(), Waiter::Record(reply)));
                     }
+                    // The applier holds the meta: it answers at its next read.
+                    Job::Workers(reply) => self.waiters.ask_meta(reply),
                     // The applier sweeps and snapshots on its own clock.
                     Job::Sweep | Job::Snapshot => {}
                     // No snapshot on demand: the applier builds them on its own schedule.

@@ -162,6 +162,7 @@ impl Applier {
         // replica costs one read per READ_BLOCK). The entry last applied is checked apart.
         let entries = stream.read_from(self.next, READ_COUNT, Some(READ_BLOCK))?;
         let read_at = now_ms();
+        self.waiters.answer_meta_asks(&self.meta);
         // Before applying anything new, and once an upkeep when idle: the last entry applied
         // must still be there, with the same origin, or the log lost it (a failover without
         // persistence) and others refilled the position.

@@ -4,17 +4,19 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kv_index::{IndexStats, NodeMatch};
+use kv_index::IndexStats;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::apply::Applied;
 use crate::error::ChangeError;
+use crate::meta::Meta;
 
 /// A job waiting for its entry to be applied.
 pub(super) enum Waiter {
     Apply(oneshot::Sender<Result<IndexStats, ChangeError>>),
-    Hits(oneshot::Sender<Result<Vec<NodeMatch>, ChangeError>>),
+    /// Another change (a hit count, a drop): answered with what applying it did.
+    Record(oneshot::Sender<Result<Applied, ChangeError>>),
 }
 
 impl Waiter {
@@ -23,11 +25,8 @@ impl Waiter {
             Waiter::Apply(reply) => {
                 let _ = reply.send(result.and_then(Applied::answer));
             }
-            Waiter::Hits(reply) => {
-                let _ = reply.send(result.map(|applied| match applied {
-                    Applied::CountHits(matches) => matches,
-                    _ => Vec::new(),
-                }));
+            Waiter::Record(reply) => {
+                let _ = reply.send(result);
             }
         }
     }
@@ -37,7 +36,7 @@ impl Waiter {
             Waiter::Apply(reply) => {
                 let _ = reply.send(Err(error));
             }
-            Waiter::Hits(reply) => {
+            Waiter::Record(reply) => {
                 let _ = reply.send(Err(error));
             }
         }
@@ -71,8 +70,13 @@ impl Slot {
 /// The jobs waiting for their entries, by this replica's number for them. A job is answered
 /// once its entry is applied and its append confirmed (with `MIN_REPLICAS` the applier may
 /// read an entry before its Redis replicas hold it: the answer then waits for the appender).
+///
+/// Beside them wait the asks for the workers' meta, which the applier holds.
 #[derive(Clone, Default)]
-pub(super) struct Waiters(Arc<Mutex<HashMap<u64, Slot>>>);
+pub(super) struct Waiters {
+    slots: Arc<Mutex<HashMap<u64, Slot>>>,
+    meta_asks: Arc<Mutex<Vec<oneshot::Sender<Meta>>>>,
+}
 
 impl Waiters {
     /// Registers `waiter` under `number`; `confirmed`: no confirmation to wait for.
@@ -82,12 +86,12 @@ impl Waiters {
             confirmed,
             outcome: None,
         };
-        self.0.lock().insert(number, slot);
+        self.slots.lock().insert(number, slot);
     }
 
     /// The applier applied `number`'s entry: answers it, or keeps the outcome until confirmed.
     pub(super) fn applied(&self, number: u64, outcome: Outcome) {
-        let mut slots = self.0.lock();
+        let mut slots = self.slots.lock();
         let Some(slot) = slots.get_mut(&number) else {
             return;
         };
@@ -101,7 +105,7 @@ impl Waiters {
 
     /// The appender's appends of `numbers` are as durable as asked: answers those applied.
     pub(super) fn confirm(&self, numbers: &[u64]) {
-        let mut slots = self.0.lock();
+        let mut slots = self.slots.lock();
         for number in numbers {
             let Some(slot) = slots.get_mut(number) else {
                 continue;
@@ -116,7 +120,7 @@ impl Waiters {
     /// Refuses the jobs `numbers` (applied or not: the caller retries, the gate sees a
     /// duplicate).
     pub(super) fn refuse(&self, numbers: &[u64], error: impl Fn() -> ChangeError) {
-        let mut slots = self.0.lock();
+        let mut slots = self.slots.lock();
         for number in numbers {
             if let Some(slot) = slots.remove(number) {
                 slot.waiter.refuse(error());
@@ -124,9 +128,22 @@ impl Waiters {
         }
     }
 
+    /// Asks the applier for the workers' meta (answered at its next read of the log).
+    pub(super) fn ask_meta(&self, reply: oneshot::Sender<Meta>) {
+        self.meta_asks.lock().push(reply);
+    }
+
+    /// Answers every ask for the meta with `meta`.
+    pub(super) fn answer_meta_asks(&self, meta: &Meta) {
+        let asks = std::mem::take(&mut *self.meta_asks.lock());
+        for reply in asks {
+            let _ = reply.send(meta.clone());
+        }
+    }
+
     /// Refuses every waiting job.
     pub(super) fn refuse_all(&self, error: impl Fn() -> ChangeError) {
-        let pending: Vec<Slot> = self.0.lock().drain().map(|(_, slot)| slot).collect();
+        let pending: Vec<Slot> = self.slots.lock().drain().map(|(_, slot)| slot).collect();
         for slot in pending {
             slot.waiter.refuse(error());
         }

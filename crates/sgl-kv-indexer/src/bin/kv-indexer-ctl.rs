@@ -7,7 +7,12 @@
 //! - `match`: every worker's exact placements of some blocks;
 //! - `hits`: the blocks' cumulative hit counts;
 //! - `health`: each replica's gRPC health (SERVING, or NOT_SERVING while it recovers or lags);
-//!   exit 0 only when every one serves, so it is an image's or an orchestrator's health check.
+//!   exit 0 only when every one serves, so it is an image's or an orchestrator's health check;
+//! - `state`: each replica's readiness, sizes, shared-log position and lag (`--digest` adds the
+//!   index digest, which reads the whole index);
+//! - `workers`: every worker the index knows: address, placements per tier, last apply;
+//! - `drop`: drops a decommissioned worker's placements through the log (the write token), so
+//!   every replica and every restart agrees; stop its bridge first, or its next apply is back.
 //!
 //! Tables by default, `--json` for scripts. Exit status: 0 when the Indexer answered (a miss
 //! included), 1 when it could not (unreachable, timeout, overloaded, rejected), 2 for bad
@@ -23,7 +28,7 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
 use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_client::{
     ClientConfig, ClientSecurity, Endpoint, HitCount, IndexerClient, MAX_PREFIX_HASHES, NodeMatch,
-    PrefixOutcome, QueryError, ServingStatus, Status, simple_tokenize,
+    PrefixOutcome, QueryError, ServerState, ServingStatus, Status, WorkerState, simple_tokenize,
 };
 use serde_json::{Value, json};
 
@@ -87,6 +92,19 @@ enum Command {
     },
     /// Each replica's gRPC health (grpc.health.v1); exit 0 only when every one is SERVING.
     Health,
+    /// Each replica's readiness, sizes and place in the shared log; exit 0 when every one answered.
+    State {
+        /// Also the index digest (reads the whole index: seconds at 100 M placements).
+        #[arg(long)]
+        digest: bool,
+    },
+    /// Every worker the index knows: address, placements per tier, last apply.
+    Workers,
+    /// Drop a decommissioned worker's placements, through the log (needs the write token).
+    Drop {
+        /// The worker's id (as `workers` lists it).
+        worker_id: String,
+    },
 }
 
 /// How the worker's engine hashes its pages.
@@ -235,6 +253,11 @@ async fn run(args: &Args) -> anyhow::Result<Report> {
         } => match_report(client()?.match_exact(&blocks.hashes(), *count_as_hit).await),
         Command::Hits { blocks } => hits_report(client()?.hit_counts(&blocks.hashes()).await),
         Command::Health => health_report(&client()?.health().await),
+        Command::State { digest } => state_report(&client()?.states(*digest).await),
+        Command::Workers => workers_report(client()?.workers().await, now_ms()),
+        Command::Drop { worker_id } => {
+            drop_report(worker_id, client()?.drop_worker(worker_id).await)
+        }
     })
 }
 
@@ -415,6 +438,134 @@ fn health_report(answers: &[(&Endpoint, Result<ServingStatus, QueryError>)]) -> 
     }
 }
 
+fn state_report(answers: &[(&Endpoint, Result<ServerState, QueryError>)]) -> Report {
+    let mut table = String::new();
+    let mut replicas = Vec::new();
+    for (endpoint, answer) in answers {
+        let state = match answer {
+            Err(error) => {
+                let _ = writeln!(table, "{endpoint}  {error}");
+                replicas.push(json!({
+                    "endpoint": endpoint.to_string(),
+                    "error": { "code": format!("{:?}", error.code), "message": error.message },
+                }));
+                continue;
+            }
+            Ok(state) => state,
+        };
+        let mut line = format!(
+            "{endpoint}  ready {} · serving {} · {} workers · {} blocks · {} placements · v{}",
+            state.ready,
+            state.serving,
+            state.workers,
+            state.blocks,
+            state.placements,
+            state.version
+        );
+        let mut json = json!({
+            "endpoint": endpoint.to_string(),
+            "ready": state.ready,
+            "serving": state.serving,
+            "workers": state.workers,
+            "blocks": state.blocks,
+            "placements": state.placements,
+            "version": state.version,
+        });
+        if let Some(replica) = &state.replica {
+            let _ = write!(
+                line,
+                " · log position {} · lag {} ms, {} entries · fresh {}",
+                replica.position, replica.lag_ms, replica.lag_entries, replica.fresh
+            );
+            json["replica"] = json!({
+                "position": replica.position,
+                "lag_ms": replica.lag_ms,
+                "lag_entries": replica.lag_entries,
+                "fresh": replica.fresh,
+            });
+        }
+        if !state.digest.is_empty() {
+            let _ = write!(line, " · digest {}", state.digest);
+            json["digest"] = state.digest.clone().into();
+        }
+        if !state.applies_refused.is_empty() {
+            let _ = write!(line, " · APPLIES REFUSED: {}", state.applies_refused);
+            json["applies_refused"] = state.applies_refused.clone().into();
+        }
+        let _ = writeln!(table, "{line}");
+        replicas.push(json);
+    }
+    Report {
+        json: json!({ "replicas": replicas }),
+        table,
+        answered: answers.iter().all(|(_, answer)| answer.is_ok()),
+    }
+}
+
+fn workers_report(answer: Result<Vec<WorkerState>, QueryError>, now_ms: u64) -> Report {
+    let workers = match answer {
+        Ok(workers) => workers,
+        Err(error) => return error_report(&error),
+    };
+    let mut table = format!(
+        "{:<24}  {:>10}  {:>10}  {:>10}  {:>12}  {:<8}  address\n",
+        "worker_id", "hbm", "dram", "ssd", "last_apply_s", "state"
+    );
+    let mut rows = Vec::new();
+    for worker in &workers {
+        let age_s = (worker.last_apply_ms > 0)
+            .then(|| now_ms.saturating_sub(worker.last_apply_ms) as f64 / 1000.0);
+        let state = if worker.expired { "expired" } else { "live" };
+        let _ = writeln!(
+            table,
+            "{:<24}  {:>10}  {:>10}  {:>10}  {:>12}  {state:<8}  {}",
+            worker.worker_id,
+            worker.hbm_placements,
+            worker.dram_placements,
+            worker.ssd_placements,
+            age_s.map_or("-".to_string(), |age| format!("{age:.1}")),
+            worker.worker_address,
+        );
+        rows.push(json!({
+            "worker_id": worker.worker_id,
+            "worker_address": worker.worker_address,
+            "placements": {
+                "hbm": worker.hbm_placements,
+                "dram": worker.dram_placements,
+                "ssd": worker.ssd_placements,
+            },
+            "last_apply_ms": worker.last_apply_ms,
+            "last_apply_age_s": age_s,
+            "expired": worker.expired,
+            "bridge_incarnation": worker.bridge_incarnation,
+            "bridge_batch": worker.bridge_batch,
+        }));
+    }
+    if workers.is_empty() {
+        table = "the index knows no worker\n".into();
+    }
+    Report::answered(json!({ "workers": rows }), table)
+}
+
+fn drop_report(worker: &str, answer: Result<u64, QueryError>) -> Report {
+    match answer {
+        Ok(placements) => Report::answered(
+            json!({ "worker_id": worker, "placements_dropped": placements }),
+            format!(
+                "dropped worker {worker}: {placements} placements (through the log: every replica agrees); its next apply brings it back, so stop its bridge first\n"
+            ),
+        ),
+        Err(error) => error_report(&error),
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,7 +583,10 @@ mod tests {
                     Command::Prefix { blocks }
                     | Command::Match { blocks, .. }
                     | Command::Hits { blocks } => blocks.hashes(),
-                    Command::Health => Vec::new(),
+                    Command::Health
+                    | Command::State { .. }
+                    | Command::Workers
+                    | Command::Drop { .. } => Vec::new(),
                 };
                 assert_eq!(got, hashes, "argv {argv:?}");
             }

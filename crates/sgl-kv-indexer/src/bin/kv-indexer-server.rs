@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use kv_common::signal;
 use kv_common::telemetry::{self, Exposition, Page};
+use kv_server::admin::StateReport;
 use kv_server::service::Shared;
 use kv_server::{Args, Config, boot, observe, server};
 use tokio::net::TcpListener;
@@ -96,8 +97,6 @@ async fn run() -> anyhow::Result<()> {
     Ok(result?)
 }
 
-/// `GET /state` on the admin address: readiness, sizes and the index digest, as JSON; a
-/// replica on a shared log adds its position, lag and whether it answers queries.
 /// A write or fdatasync of the state that failed for good: stops at once, non-zero and
 /// without a final snapshot, so that the supervisor restarts the server and recovery runs
 /// from the log (a full disk is not this: it is retried while queries are served).
@@ -119,31 +118,11 @@ fn exit_when_unwritable(shared: &Shared) {
 /// The exit status after a write or sync of the state failed for good.
 const STATE_UNWRITABLE_EXIT: i32 = 75;
 
+/// `GET /state` on the admin address: readiness, sizes and the index digest, as JSON; a
+/// replica on a shared log adds its position, lag and whether it answers queries.
 fn state_page(shared: Arc<Shared>) -> Page {
     Page {
         path: "/state",
-        render: Arc::new(move || {
-            let stats = shared.index_stats();
-            let fleet = shared.freshness().map_or(String::new(), |f| {
-                format!(
-                    ",\"position\":{},\"lag_ms\":{},\"lag_entries\":{},\"fresh\":{}",
-                    f.position(),
-                    f.lag_ms(),
-                    f.behind(),
-                    shared.check_fresh().is_ok()
-                )
-            });
-            let unwritable = shared.unwritable().map_or(String::new(), |why| {
-                format!(",\"applies_refused\":{}", serde_json::Value::from(why))
-            });
-            format!(
-                "{{\"ready\":{},\"blocks\":{},\"placements\":{},\"workers\":{},\"digest\":\"{}\"{fleet}{unwritable}}}\n",
-                shared.is_ready(),
-                stats.blocks,
-                stats.placements,
-                stats.workers,
-                shared.digest()
-            )
-        }),
+        render: Arc::new(move || StateReport::of(&shared, true).to_json_line()),
     }
 }
