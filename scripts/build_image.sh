@@ -10,7 +10,8 @@
 #      a registry has the real one;
 #   3. the Redis image for deploy/compose/ the same way (`--include redis-server`), tagged
 #      redis:7.0-bookworm like the official image of the same Redis on the same Debian, so
-#      the compose file works unchanged where that one can be pulled;
+#      the compose file works unchanged where that one can be pulled; and its Prometheus
+#      (`--include prometheus`, Debian's 2.42.0) tagged prom/prometheus:v2.42.0;
 #   4. `docker build`, then the image's size.
 #
 #   scripts/build_image.sh [--profile release|dev] [--tag kv-indexer:latest] [--no-cargo]
@@ -19,7 +20,7 @@
 #   --profile   cargo profile (default release; dev uses target/debug, what CI already built)
 #   --no-cargo  use the binaries already in the profile's directory under $CARGO_TARGET_DIR
 #               (default target)
-#   --no-redis  skip the Redis image
+#   --no-redis  skip the Redis and Prometheus images (the compose fleet's)
 #   --keep-debug  stage the binaries as cargo wrote them (default: debug info stripped)
 #   --mirror    Debian mirror for debootstrap and apt (default $DEBIAN_MIRROR or deb.debian.org;
 #               security updates from $DEBIAN_SECURITY_MIRROR or deb.debian.org)
@@ -38,6 +39,7 @@ PROFILE=release
 TAG=kv-indexer:latest
 BASE=debian:bookworm-slim
 REDIS_TAG=redis:7.0-bookworm
+PROMETHEUS_TAG=prom/prometheus:v2.42.0
 SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
@@ -237,6 +239,29 @@ make_redis() {
   echo "made $REDIS_TAG from Debian's packages"
 }
 
+prometheus_setup() { # the data directory, owned by the package's user
+  mkdir -p "$1/prometheus"
+  chroot "$1" chown prometheus:prometheus /prometheus
+}
+
+make_prometheus() {
+  if has_image "$PROMETHEUS_TAG"; then
+    echo "$PROMETHEUS_TAG exists: not made again"
+    return
+  fi
+  local tar
+  tar=$(rootfs_tar "$SUITE-minbase-prometheus" prometheus prometheus_setup)
+  # As the official image: prometheus as the entrypoint (on PATH there too), its data in
+  # /prometheus, the configuration in /etc/prometheus (Debian's own example until a compose
+  # file mounts one), the web UI and API on 9090.
+  docker import --message "debootstrap --variant=minbase --include=prometheus $SUITE $MIRROR" \
+    --change 'USER prometheus' --change 'WORKDIR /prometheus' --change 'VOLUME /prometheus' \
+    --change 'EXPOSE 9090' --change 'ENTRYPOINT ["prometheus"]' \
+    --change 'CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]' \
+    "$tar" "$PROMETHEUS_TAG" >/dev/null
+  echo "made $PROMETHEUS_TAG from Debian's packages"
+}
+
 build_image() {
   # The legacy builder needs no buildx and no registry (a missing buildx is only a warning).
   local log=target/image/docker-build.log
@@ -250,11 +275,17 @@ build_image() {
 if ((CARGO)); then timed "cargo build ($PROFILE)" build_binaries; fi
 timed "stage binaries" stage_binaries
 timed "base image ($BASE)" make_base
-if ((REDIS)); then timed "redis image ($REDIS_TAG)" make_redis; fi
+if ((REDIS)); then
+  timed "redis image ($REDIS_TAG)" make_redis
+  timed "prometheus image ($PROMETHEUS_TAG)" make_prometheus
+fi
 timed "docker build ($TAG)" build_image
 
 size_of() { numfmt --to=iec-i --suffix=B "$(docker image inspect -f '{{.Size}}' "$1")"; }
 echo
 printf '%s\n' "${TIMES[@]}"
 echo "image $TAG: $(size_of "$TAG") (base $BASE: $(size_of "$BASE"))"
-if ((REDIS)); then echo "image $REDIS_TAG: $(size_of "$REDIS_TAG")"; fi
+if ((REDIS)); then
+  echo "image $REDIS_TAG: $(size_of "$REDIS_TAG")"
+  echo "image $PROMETHEUS_TAG: $(size_of "$PROMETHEUS_TAG")"
+fi

@@ -19,6 +19,11 @@ tears the project down, whatever happened. Cases:
   route      requests with shared prefixes through the router: `cache_hit` decisions
              (kv_router_decisions_total and the x-routing-reason header); the index equals
              the workers' caches, and both replicas' digests are equal.
+  prometheus the compose file's Prometheus, with the example configuration and the alert rules:
+             after `route`'s traffic, every scrape target (2 replicas, 3 bridges, the router)
+             is up, every rule has been evaluated without an error, and every metric an alert
+             expression names has a live series (a renamed or never-exported metric would
+             leave its alert silent forever).
   kill       `docker kill` indexer-0 (the replica routers and bridges try first) while
              requests flow through the router, `docker start` it 2 s later: no request fails,
              the bridges go on (none restarted), no replica over-claims against the workers,
@@ -48,6 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import re
+import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +71,7 @@ GRPC = "http://127.0.0.1:50051"  # a replica's own listener, from inside its con
 CASES = {
     "rest": "the fleet idle: Redis commands/s, CPU",
     "route": "shared prefixes through the router: cache_hit",
+    "prometheus": "every target up, every alert evaluates on live series",
     "kill": "docker kill indexer-0 mid-stream, start it",
     "partition": "indexer-0 cut off Redis (network disconnect)",
     "redis": "docker restart redis (AOF), fleet quiet",
@@ -93,7 +101,8 @@ class Project:
 
     def __init__(self, name, args):
         self.name = name
-        self.env = dict(os.environ, KV_ROUTER_PUBLISH="127.0.0.1:", KV_INDEXER_MAX_LAG_MS=str(args.max_lag_ms),
+        self.env = dict(os.environ, KV_ROUTER_PUBLISH="127.0.0.1:", KV_PROMETHEUS_PUBLISH="127.0.0.1:",
+                        KV_PROMETHEUS_IMAGE=args.prometheus_image, KV_INDEXER_MAX_LAG_MS=str(args.max_lag_ms),
                         KV_SIM_CAPACITY_TOKENS="8192", KV_INDEXER_IMAGE=args.image, KV_REDIS_IMAGE=args.redis_image)
         files = [arg for f in COMPOSE_FILES for arg in ("-f", os.path.join(COMPOSE_DIR, f))]
         self.base = [*compose_command(), "-p", name, *files]
@@ -442,6 +451,63 @@ def case_route(c):
     return f"{routing_summary(decisions)}; {check_index(c.fleet, c.traffic, c.args)}"
 
 
+SCRAPE_TARGETS = {"kv-indexer-server": 2, "kv-indexer-bridge": 3, "kv-indexer-router": 1}
+# The metric names alert expressions use (kv_*, process_*, up; a histogram's _bucket/_count).
+METRIC_NAME = re.compile(r"\b(kv_[a-z0-9_]+|process_[a-z0-9_]+|up)\b(?![-\"])")
+
+
+def prometheus_api(c, path):
+    with urllib.request.urlopen(f"{c.project.url('prometheus', 9090)}/api/v1/{path}", timeout=10) as resp:
+        answer = json.loads(resp.read())
+    if answer.get("status") != "success":
+        raise RuntimeError(f"Prometheus /api/v1/{path}: {answer}")
+    return answer["data"]
+
+
+def targets_up(c):
+    """(up, the targets not up) by job, from /api/v1/targets."""
+    up, down = {}, []
+    for target in prometheus_api(c, "targets?state=active")["activeTargets"]:
+        job = target["labels"]["job"]
+        if target["health"] == "up":
+            up[job] = up.get(job, 0) + 1
+        else:
+            down.append(f"{target['scrapeUrl']} {target['health']} {target.get('lastError', '')}".strip())
+    return up, down
+
+
+def rules_evaluated(c):
+    """Every alert rule: (name, health, last error, evaluated yet, its expression)."""
+    return [(rule["name"], rule["health"], rule.get("lastError", ""),
+             not rule.get("lastEvaluation", "").startswith("0001-"), rule["query"])
+            for group in prometheus_api(c, "rules?type=alert")["groups"] for rule in group["rules"]]
+
+
+def case_prometheus(c):
+    # Some traffic of its own, so that it stands alone (--only prometheus): the latency
+    # histograms have series only once something was answered.
+    for _ in range(c.args.docs):
+        c.traffic.one(c.fleet.router_url)
+    deadline = time.monotonic() + c.args.deadline_s
+    while True:
+        up, down = targets_up(c)
+        rules = rules_evaluated(c)
+        if up == SCRAPE_TARGETS and rules and all(evaluated for *_, evaluated, _ in rules):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"targets up {up} (want {SCRAPE_TARGETS}), not up: {down}; "
+                               f"rules evaluated {sum(r[3] for r in rules)} of {len(rules)}")
+        time.sleep(1)
+    failing = [f"{name}: {health} {error}" for name, health, error, _, _ in rules if health != "ok"]
+    names = sorted({name for *_, query in rules for name in METRIC_NAME.findall(query)})
+    absent = [name for name in names
+              if not prometheus_api(c, "query?query=" + urllib.parse.quote(f'count({{__name__="{name}"}})'))["result"]]
+    if failing or absent:
+        raise RuntimeError(f"rules failing: {failing}; metrics named by alerts with no live series: {absent}")
+    return (f"{sum(up.values())} targets up {up}; {len(rules)} alert rules evaluated, health ok; "
+            f"the {len(names)} metrics they name all have live series")
+
+
 def case_kill(c):
     k = 0
 
@@ -550,7 +616,7 @@ def case_redis(c):
             f"and the digests unchanged; {notes}")
 
 
-RUNNERS = {"rest": case_rest, "route": case_route, "kill": case_kill, "partition": case_partition,
+RUNNERS = {"rest": case_rest, "route": case_route, "prometheus": case_prometheus, "kill": case_kill, "partition": case_partition,
            "redis": case_redis}
 
 
@@ -560,7 +626,7 @@ def ensure_images(args):
     if args.build:
         subprocess.run([os.path.join(ROOT, "scripts", "build_image.sh"), "--profile", args.profile,
                         "--tag", args.image], check=True)
-    for image in (args.image, args.redis_image):
+    for image in (args.image, args.redis_image, args.prometheus_image):
         if run(["docker", "image", "inspect", image], check=False).returncode != 0:
             raise SystemExit(f"image {image} is missing: run scripts/build_image.sh (or pass --build)")
 
@@ -590,6 +656,7 @@ def main():
     ap.add_argument("--profile", default="release", help="the cargo profile --build uses")
     ap.add_argument("--image", default="kv-indexer:latest", help="the Indexer's image")
     ap.add_argument("--redis-image", default="redis:7.0-bookworm")
+    ap.add_argument("--prometheus-image", default="prom/prometheus:v2.42.0")
     ap.add_argument("--keep", action="store_true", help="leave the project up (to look around)")
     ap.add_argument("--max-lag-ms", type=int, default=1000, help="KV_INDEXER_MAX_LAG_MS of the replicas")
     ap.add_argument("--requests", type=int, default=60, help="requests through the router in `route`")

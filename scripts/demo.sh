@@ -13,12 +13,17 @@
 #   scripts/demo.sh --engine vllm
 #       the workers are simulated vLLM workers (vLLM's events, block hashes and OpenAI API); the
 #       bridges and the router are told so, and the prompts go to /v1/completions.
+#   scripts/demo.sh --keep
+#       leaves everything running until Ctrl-C, and prints what to try meanwhile (the
+#       router, kv-indexer-ctl, the router's /metrics).
+# At the end it prints what the Indexer holds (`kv-indexer-ctl workers`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REPLICAS=1
 ENGINE=sglang
-usage() { echo "usage: scripts/demo.sh [--replicas N] [--engine sglang|vllm]" >&2; exit 2; }
+KEEP=0
+usage() { echo "usage: scripts/demo.sh [--replicas N] [--engine sglang|vllm] [--keep]" >&2; exit 2; }
 while (($#)); do
   case $1 in
     --replicas)
@@ -27,6 +32,7 @@ while (($#)); do
     --engine)
       ENGINE=${2:?--engine needs sglang or vllm}; shift 2
       [[ $ENGINE == sglang || $ENGINE == vllm ]] || { echo "--engine must be sglang or vllm, not $ENGINE" >&2; exit 2; } ;;
+    --keep) KEEP=1; shift ;;
     *) usage ;;
   esac
 done
@@ -214,6 +220,9 @@ if ((REPLICAS > 1)); then
   ask "doc B, question 3" "$B question three"
   ask "doc C, question 3" "$C question three"
 fi
+echo
+echo "what the Indexer holds (kv-indexer-ctl workers):"
+"$BIN/kv-indexer-ctl" --endpoint "$ENDPOINTS" workers
 if [[ -n $METRICS_DIR ]]; then
   mkdir -p "$METRICS_DIR"
   scraped+=("router=$ROUTER")
@@ -224,4 +233,20 @@ if [[ -n $METRICS_DIR ]]; then
       { echo "scraping $name's /metrics at ${entry#*=} failed" >&2; exit 1; }
   done
   echo "metrics of ${#scraped[@]} components in $METRICS_DIR"
+fi
+if ((KEEP)); then
+  example="/generate -d '{\"text\": \"$(doc alpha 40) question four\"}'"
+  if [[ $ENGINE == vllm ]]; then
+    example="/v1/completions -d '{\"prompt\": \"$(doc alpha 40) question four\", \"max_tokens\": 8}'"
+  fi
+  cat <<EOF
+
+everything keeps running until Ctrl-C; meanwhile, from another terminal:
+  curl -s http://$ROUTER$example -D - -o /dev/null
+        (the x-routing-reason, x-routed-worker and x-matched-blocks headers)
+  $BIN/kv-indexer-ctl --endpoint $ENDPOINTS workers     (and state, prefix --text "…")
+  curl -s http://$ROUTER/metrics | grep kv_router_decisions_total
+  logs: $LOGS
+EOF
+  while alive; do sleep 1; done
 fi
