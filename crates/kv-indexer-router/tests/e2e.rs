@@ -5,81 +5,15 @@
 
 mod test_router;
 
-use std::sync::Arc;
-
 use clap::Parser;
-use kv_bridge as bridge;
-use kv_bridge::stats::Stats;
 use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_indexer_router::config::{Args, RouterConfig};
 use kv_indexer_router::policy::Policy;
-use kv_indexer_sim::{Config as SimConfig, Listeners, Worker};
+use kv_indexer_sim::Config as SimConfig;
 use kv_testkit::indexer::prefix_request;
-use kv_testkit::{BridgeFlags, TestIndexer, wait};
+use kv_testkit::wait;
 use serde_json::{Value, json};
-use test_router::TestRouter;
-use tokio_util::sync::CancellationToken;
-
-struct Fleet {
-    indexer: TestIndexer,
-    workers: Vec<String>,
-    stop: CancellationToken,
-}
-
-/// The Indexer, `n` simulated workers and a bridge for each; bridges announce `address(url)`.
-async fn fleet(n: usize, address: impl Fn(&str) -> String) -> Fleet {
-    fleet_of(n, address, &SimConfig::default()).await
-}
-
-/// As [`fleet`], every worker started with `sim`.
-async fn fleet_of(n: usize, address: impl Fn(&str) -> String, sim: &SimConfig) -> Fleet {
-    let indexer = TestIndexer::start().await;
-    let stop = CancellationToken::new();
-    let workers = start_workers(&indexer, &stop, "sim", n, address, sim).await;
-    Fleet {
-        indexer,
-        workers,
-        stop,
-    }
-}
-
-/// `n` workers started with `sim`, named `{name}-{i}`, and a bridge for each into `indexer`
-/// (told the worker's engine); returns their URLs once the index knows them all.
-async fn start_workers(
-    indexer: &TestIndexer,
-    stop: &CancellationToken,
-    name: &str,
-    n: usize,
-    address: impl Fn(&str) -> String,
-    sim: &SimConfig,
-) -> Vec<String> {
-    let known = indexer.shared.index_stats().workers;
-    let mut workers = Vec::new();
-    for i in 0..n {
-        let config = sim.clone();
-        let worker = Worker::start(&config, Listeners::bind(&config).await.unwrap())
-            .await
-            .unwrap();
-        let endpoints = worker.endpoints();
-        tokio::spawn(worker.serve(stop.clone().cancelled_owned()));
-        let flags = BridgeFlags::new(
-            &format!("{name}-{i}"),
-            &address(&endpoints.http_url()),
-            &indexer.url(),
-            &endpoints.kv_events_url(),
-        )
-        .flag("--engine", config.engine());
-        tokio::spawn(bridge::run(
-            flags.config(),
-            Arc::new(Stats::default()),
-            stop.clone(),
-        ));
-        workers.push(endpoints.http_url());
-    }
-    // Every bridge has registered its worker (its start-up clear reached the index).
-    indexer.wait_for_workers(known + n).await;
-    workers
-}
+use test_router::{Fleet, TestRouter, fleet, fleet_of, start_workers};
 
 async fn router(fleet: &Fleet) -> TestRouter {
     router_with(fleet, &[]).await
@@ -534,4 +468,56 @@ async fn one_indexer_serves_an_sglang_fleet_and_a_vllm_fleet_each_router_its_own
         assert_eq!(answer.best_prefix_blocks, 20);
     }
     fleet.stop.cancel();
+}
+
+/// A worker whose block hashes differ from the router's (here a vLLM worker started with
+/// another PYTHONHASHSEED, which vLLM does not publish) serves requests, yet the Indexer's
+/// answers never name it while they name the other worker: its
+/// `kv_router_worker_indexer_matches_total` stays 0 (what `KvRouterWorkerNeverMatched` fires on).
+#[tokio::test]
+async fn a_worker_hashing_with_another_seed_is_never_matched_and_its_counter_shows_it() {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let exposition = kv_common::telemetry::Exposition::default();
+    let metrics = kv_common::telemetry::Metrics::install(exposition, &stop).unwrap();
+    let indexer = kv_testkit::TestIndexer::start().await;
+    let seeded =
+        SimConfig::default().vllm(VllmHasher::new(VllmHashAlgo::Sha256, 16, Some("42")).unwrap());
+    let mut workers = start_workers(&indexer, &stop, "same", 1, |u| u.into(), &vllm_sim()).await;
+    workers.extend(start_workers(&indexer, &stop, "seeded", 1, |u| u.into(), &seeded).await);
+    let argv = [
+        "kv-indexer-router",
+        "--engine",
+        "vllm",
+        "--worker-urls",
+        &workers.join(","),
+        "--kv-indexer-endpoint",
+        &indexer.url(),
+        "--cache-affinity-min-matched-tokens",
+        "64",
+    ];
+    let router = test_router::spawn(argv, stop.child_token(), Some(metrics.clone())).await;
+    wait::until("the router to learn vLLM's hashing", || async {
+        router.state.hashing.read().is_some().then_some(())
+    })
+    .await;
+    // Documents go by load to both workers, then come back with new suffixes.
+    let mut served = std::collections::BTreeSet::new();
+    for seed in 0..6 {
+        let document = document(200 + seed);
+        served.insert(router.complete(&with_suffix(&document, 1)).await.0);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        for suffix in [10, 20] {
+            router.complete(&with_suffix(&document, suffix)).await;
+        }
+    }
+    assert_eq!(served.len(), 2, "both workers served documents: {served:?}");
+    let text = metrics.render();
+    let matches = |worker: &str| {
+        let series = format!("kv_router_worker_indexer_matches_total{{worker=\"{worker}\"}} ");
+        let line = text.lines().find(|line| line.starts_with(&series));
+        line.map(|line| line[series.len()..].parse::<f64>().unwrap())
+    };
+    assert!(matches(&workers[0]).unwrap() > 0.0, "{text}");
+    assert_eq!(matches(&workers[1]), Some(0.0), "{text}");
+    stop.cancel();
 }

@@ -322,6 +322,7 @@ async fn health_says_whether_the_router_can_route_and_a_late_worker_joins_at_onc
             "600",
         ],
         CancellationToken::new(),
+        None,
     )
     .await;
     let body = wait::until_ok("/health to say no worker is healthy", || async {
