@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use kv_indexer_client::security::{Authorize, Grpc};
-use kv_indexer_client::{ClientSecurity, Credentials};
+use kv_indexer_client::{
+    ClientConfig, ClientSecurity, Credentials, Endpoint, IndexerClient, PrefixOutcome,
+};
 use kv_indexer_proto::MAX_MESSAGE_BYTES;
 use kv_indexer_proto::prefix_wire::{CountedPrefixResponse, PREFIX_PATH};
 use kv_indexer_proto::v1 as pb;
@@ -106,6 +108,12 @@ struct Args {
     /// a file, such as h2load (`scripts/grpc_cores.py --h2load`).
     #[arg(long)]
     write_query: Option<PathBuf>,
+    /// Sends the prefix queries through the router's client instead (kv-indexer-client's
+    /// `IndexerClient`, its admission bound set to --concurrency) over these replicas
+    /// (comma-separated), spread as a router spreads them; the preload still goes to
+    /// --endpoint (replicas on one shared log all get it). --connections does not apply.
+    #[arg(long)]
+    router_client: Option<String>,
     /// TLS and token, as every client of the Indexer takes them.
     #[command(flatten)]
     security: ClientSecurity,
@@ -428,7 +436,10 @@ async fn main() -> anyhow::Result<()> {
     };
 
     let start = Instant::now();
-    let mut total = query(&args, &connector, &channels, prompts, start).await?;
+    let mut total = match &args.router_client {
+        None => query(&args, &connector, &channels, prompts, start).await?,
+        Some(replicas) => query_via_client(&args, replicas, prompts, start).await?,
+    };
     let elapsed = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     total.print(elapsed);
@@ -671,4 +682,59 @@ async fn query(
         total.merge(tally?);
     }
     Ok(total)
+}
+
+/// [`query`] through the router's client over `replicas`: each querier waits for its answer
+/// before the next, as a router's request task does.
+async fn query_via_client(
+    args: &Args,
+    replicas: &str,
+    prompts: Vec<Arc<Vec<i64>>>,
+    start: Instant,
+) -> anyhow::Result<Tally> {
+    let endpoints = Endpoint::parse_list(replicas).context("--router-client")?;
+    let mut config = ClientConfig::new(endpoints);
+    config.query_timeout = Duration::from_millis(args.timeout_ms);
+    config.max_inflight = args.concurrency;
+    config.security = args.security.clone();
+    let client = Arc::new(IndexerClient::new(config).context("--router-client")?);
+    let deadline = start + Duration::from_secs(args.duration_secs);
+    let mut queriers = JoinSet::new();
+    for q in 0..args.concurrency {
+        let (client, prompts) = (client.clone(), prompts.clone());
+        let mut rng = StdRng::seed_from_u64(args.seed + 1 + q as u64);
+        queriers.spawn(async move {
+            let mut tally = Tally::default();
+            while Instant::now() < deadline {
+                let prompt = &prompts[rng.random_range(0..prompts.len())];
+                let sent = Instant::now();
+                let result = client.longest_prefix_or_status(prompt).await;
+                let latency = sent.elapsed().as_micros() as u64;
+                tally.record(result.map(counted), latency);
+            }
+            tally
+        });
+    }
+    let mut total = Tally::default();
+    while let Some(tally) = queriers.join_next().await {
+        total.merge(tally?);
+    }
+    Ok(total)
+}
+
+/// An answered outcome as the counts [`Tally`] keeps.
+fn counted(outcome: PrefixOutcome) -> CountedPrefixResponse {
+    match outcome {
+        PrefixOutcome::Matched {
+            matches,
+            best_prefix_blocks,
+            blocks_read,
+            ..
+        } => CountedPrefixResponse {
+            matches: matches.len() as u32,
+            best_prefix_blocks,
+            blocks_read,
+        },
+        _ => CountedPrefixResponse::default(),
+    }
 }
