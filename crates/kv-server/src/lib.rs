@@ -3,6 +3,8 @@
 //! control, deadline shedding, health, reflection and metrics. It knows nothing of ZMQ or of
 //! SGLang's events; wire ↔ index conversion is `kv_indexer_proto::convert`.
 //!
+//! - [`serve`]: the server's whole life (listen, recover, serve, drain, final snapshot), as
+//!   the binary and the tests run it;
 //! - [`boot`]: opens the state beneath (`kv_state`) and keeps health in step with it;
 //! - [`access`]: TLS (optionally mutual) and the read and write tokens;
 //! - [`config`]: flags and environment variables;
@@ -25,9 +27,11 @@ pub mod observe;
 pub mod pool;
 pub mod predict;
 mod prefix_route;
+pub mod serve;
 pub mod server;
 pub mod service;
 
 pub use config::{Args, Config};
+pub use serve::serve;
 pub use server::run;
 pub use service::Shared;

@@ -1,13 +1,14 @@
-//! The server booted as its binary boots it (its state opened from the config's state directory
-//! or shared log, its periodic jobs running), on `127.0.0.1:0`, with a gRPC client: for the
-//! tests of what a client sees of a durable server or a fleet replica.
+//! The server started as its binary starts it (`kv_server::serve`: its state recovered from the
+//! config's state directory or shared log, its periodic jobs running), on `127.0.0.1:0`, with
+//! a gRPC client: for the tests of what a client sees of a durable server or a fleet replica.
 
 use std::sync::Arc;
 
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_client::KvIndexerClient;
+use kv_server::serve::{self, Serving};
 use kv_server::service::Shared;
-use kv_server::{Config, boot, server};
+use kv_server::{Config, server};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -22,7 +23,7 @@ pub struct BootedServer {
     pub shared: Arc<Shared>,
     pub client: KvIndexerClient<Channel>,
     stop: CancellationToken,
-    task: JoinHandle<Result<(), kv_server::error::StartError>>,
+    serving: Serving,
 }
 
 /// A server that listens but has not loaded its state: NOT_SERVING and UNAVAILABLE until
@@ -55,16 +56,20 @@ impl Listening {
 }
 
 impl BootedServer {
-    /// Serves, boots the state `config` names and starts its periodic jobs.
+    /// Starts the server's life as the binary runs it (`kv_server::serve`), and waits until
+    /// its state is recovered (its writer installed).
     pub async fn start(config: Config) -> BootedServer {
-        let Listening {
-            addr,
-            shared,
-            stop,
-            task,
-        } = Listening::start(&config).await;
-        boot::boot(&shared, &config).await.unwrap();
-        boot::spawn_maintenance(shared.clone(), &config, stop.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let shared = Arc::new(Shared::new(&config).unwrap());
+        let serving = serve::start(shared, listener, None, &config, stop.clone()).unwrap();
+        let shared = serving.shared.clone();
+        wait::until("the server to recover its state", || {
+            let recovered = shared.writer().is_ok();
+            async move { recovered.then_some(()) }
+        })
+        .await;
         let channel = Channel::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
@@ -74,7 +79,7 @@ impl BootedServer {
             shared,
             client: KvIndexerClient::new(channel),
             stop,
-            task,
+            serving,
         }
     }
 
@@ -93,8 +98,7 @@ impl BootedServer {
     /// SIGTERM's path: drain, final snapshot.
     pub async fn stop(self) {
         self.stop.cancel();
-        self.task.await.unwrap().unwrap();
-        self.shared.writer().unwrap().stop().await.unwrap();
+        self.serving.wait().await.unwrap();
     }
 
     /// `ApplyExternalKvBatch`, answered with its code on failure.

@@ -1,6 +1,6 @@
-//! `kv-indexer-server`: parse settings, start logging, bind, recover the state directory (if
-//! any) while the listeners answer NOT_SERVING, serve until SIGINT or SIGTERM, drain, and
-//! write the final snapshot.
+//! `kv-indexer-server`: parse settings, start logging, bind, then the server's life as
+//! `kv_server::serve` runs it (recover the state while the listeners answer NOT_SERVING,
+//! serve until SIGINT or SIGTERM, drain, write the final snapshot), with its admin address.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -9,8 +9,9 @@ use anyhow::Context;
 use kv_common::signal;
 use kv_common::telemetry::{self, Exposition, Page};
 use kv_server::admin::StateReport;
+use kv_server::serve::{self, ServeError};
 use kv_server::service::Shared;
-use kv_server::{Args, Config, boot, observe, server};
+use kv_server::{Args, Config, boot, observe};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -37,82 +38,39 @@ async fn run() -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen_addr)
         .await
         .with_context(|| format!("binding KV_INDEXER_LISTEN_ADDR {}", args.listen_addr))?;
+    let apply_listener = match args.apply_listen_addr {
+        None => None,
+        Some(addr) => Some(
+            std::net::TcpListener::bind(addr)
+                .with_context(|| format!("binding KV_INDEXER_APPLY_LISTEN_ADDR {addr}"))?,
+        ),
+    };
 
     let stop = CancellationToken::new();
     let shared = Arc::new(Shared::new(&config)?);
     if let Some(addr) = args.metrics_addr {
         let pages = vec![state_page(shared.clone())];
-        telemetry::serve_on(
-            "KV_INDEXER_METRICS_ADDR",
-            addr,
-            Exposition {
-                buckets: observe::BUCKETS,
-                ..Exposition::default()
-            },
-            pages,
-            &stop,
-        )
-        .await?;
+        let exposition = Exposition {
+            buckets: observe::BUCKETS,
+            ..Exposition::default()
+        };
+        telemetry::serve_on("KV_INDEXER_METRICS_ADDR", addr, exposition, pages, &stop).await?;
         sgl_kv_indexer::export_build_info();
         observe::register();
     }
     signal::cancel_on_shutdown(&stop);
-    let apply_thread = match args.apply_listen_addr {
-        None => None,
-        Some(addr) => {
-            let listener = std::net::TcpListener::bind(addr)
-                .with_context(|| format!("binding KV_INDEXER_APPLY_LISTEN_ADDR {addr}"))?;
-            let thread = server::serve_on_own_thread(listener, shared.clone(), stop.clone())
-                .context("starting the apply listener's thread")?;
-            Some(thread)
+    let serving = serve::start(shared, listener, apply_listener, &config, stop.clone())?;
+    match serving.wait().await {
+        Err(ServeError::Unwritable(error)) => {
+            tracing::error!(
+                error = %kv_common::error_chain(error.as_ref()),
+                "the state cannot be written: exiting so that a restart recovers from the log"
+            );
+            // At once, before the runtime winds down: no drain and no final snapshot.
+            std::process::exit(STATE_UNWRITABLE_EXIT);
         }
-    };
-    let serving = tokio::spawn(server::run(
-        listener,
-        shared.clone(),
-        stop.clone().cancelled_owned(),
-    ));
-    let booted = boot::boot(&shared, &config).await;
-    if let Err(error) = booted {
-        stop.cancel();
-        return Err(error).context("recovering KV_INDEXER_STATE_DIR");
+        served => Ok(served?),
     }
-    boot::spawn_maintenance(shared.clone(), &config, stop.clone());
-    exit_when_unwritable(&shared);
-
-    let result = serving.await.context("the server task")?;
-    stop.cancel();
-    if let Some(thread) = apply_thread {
-        match thread.join() {
-            Ok(Err(error)) => {
-                warn!(error = %kv_common::error_chain(&error), "the apply listener failed")
-            }
-            Err(_) => warn!("the apply listener's thread panicked"),
-            Ok(Ok(())) => {}
-        }
-    }
-    if let Ok(writer) = shared.writer() {
-        writer.stop().await.context("writing the final snapshot")?;
-    }
-    Ok(result?)
-}
-
-/// A write or fdatasync of the state that failed for good: stops at once, non-zero and
-/// without a final snapshot, so that the supervisor restarts the server and recovery runs
-/// from the log (a full disk is not this: it is retried while queries are served).
-fn exit_when_unwritable(shared: &Shared) {
-    let Ok(writer) = shared.writer() else {
-        return;
-    };
-    let writer = writer.clone();
-    tokio::spawn(async move {
-        let error = writer.failed().await;
-        tracing::error!(
-            error = %kv_common::error_chain(error.as_ref()),
-            "the state cannot be written: exiting so that a restart recovers from the log"
-        );
-        std::process::exit(STATE_UNWRITABLE_EXIT);
-    });
 }
 
 /// The exit status after a write or sync of the state failed for good.
