@@ -1,9 +1,11 @@
 //! Actions into groups that each fit one `ApplyExternalKvBatch`: at most
 //! [`MAX_ACTIONS_PER_APPLY`] actions and [`MAX_HASHES_PER_REQUEST`] hashes.
 
-use crate::mapping::Action;
-use kv_index::{MAX_ACTIONS_PER_APPLY, MAX_HASHES_PER_REQUEST};
 use std::ops::Range;
+
+use kv_index::{MAX_ACTIONS_PER_APPLY, MAX_HASHES_PER_REQUEST};
+
+use crate::mapping::Action;
 
 /// Cuts every action over [`MAX_HASHES_PER_REQUEST`] hashes into pieces of that many (side arrays
 /// sliced alongside; a later piece of a hinted chain hangs off the previous piece's last hash),

@@ -2,8 +2,9 @@
 //! mask, and an event the index cannot use is skipped with a [`SkipReason`] while the rest of its
 //! batch goes on.
 
-use crate::wire::{self, BatchError, Engine, Field, Kind, Medium, RawEvent};
 use kv_index::Tier;
+
+use crate::wire::{self, BatchError, Engine, Field, Kind, Medium, RawEvent};
 
 /// One payload, decoded.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,8 +2,9 @@
 //! → REVOKE, consecutive events of one kind and tier merged into one action; `AllBlocksCleared`
 //! → one CLEAR_ALL_AT_TIER per clear tier, a barrier to merging.
 
-use crate::decode::{BlockStored, Event};
 use kv_index::{ActionKind, Tier};
+
+use crate::decode::{BlockStored, Event};
 
 /// One action of an `ApplyExternalKvBatch`, before splitting: the index's own action type, so
 /// the bridge sends exactly what the index applies.

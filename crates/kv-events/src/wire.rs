@@ -11,9 +11,10 @@
 //! batch fails the whole payload. A derived `#[serde(tag)]` enum could do neither, and breaks on
 //! trailing fields.
 
+use std::fmt;
+
 use serde::Deserializer as _;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use std::fmt;
 
 /// Nesting deeper than this is a malformed batch. SGLang's deepest value is 4 levels (batch,
 /// events, event, hashes); the limit keeps the recursion of skipped values far from the stack's

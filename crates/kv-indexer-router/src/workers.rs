@@ -21,9 +21,9 @@ use metrics::{Counter, Gauge, SharedString};
 use parking_lot::Mutex;
 use rand::seq::IndexedRandom;
 use serde_json::Value;
+use tracing::{info, warn};
 
 use crate::selection::Load;
-use tracing::{info, warn};
 
 #[derive(Debug)]
 pub struct Worker {

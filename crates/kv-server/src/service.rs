@@ -32,13 +32,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use crate::access::Access;
-use crate::config::{Config, ConnectionLimits};
-use crate::deadline::{Arrival, deadline};
-use crate::error::{ServerError, StartError};
-use crate::observe;
-use crate::pool::QueryPool;
-use crate::predict::Predictions;
 use kv_common::DoublingLog;
 use kv_indexer_proto::convert;
 use kv_indexer_proto::prefix_wire::{self, EncodedPrefixResponse, PrefixMatchRef};
@@ -49,6 +42,14 @@ use kv_state::fleet::Freshness;
 use kv_state::writer::Writer;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+
+use crate::access::Access;
+use crate::config::{Config, ConnectionLimits};
+use crate::deadline::{Arrival, deadline};
+use crate::error::{ServerError, StartError};
+use crate::observe;
+use crate::pool::QueryPool;
+use crate::predict::Predictions;
 
 /// State shared by every connection.
 pub struct Shared {

@@ -10,8 +10,9 @@
 //! events keyed in the struct's order with `group_idx` 0, as its GPU block pool emits them,
 //! media `GPU`/`CPU`, and block hashes as vLLM's unsigned ints (the bits of our i64).
 
-use super::{BlockRemoved, BlockStored, Event};
 use rmp::encode;
+
+use super::{BlockRemoved, BlockStored, Event};
 
 /// How events are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -66,7 +66,9 @@ async fn run() -> anyhow::Result<()> {
                 error = %kv_common::error_chain(error.as_ref()),
                 "the state cannot be written: exiting so that a restart recovers from the log"
             );
-            // At once, before the runtime winds down: no drain and no final snapshot.
+            // At once, before the runtime winds down (which would let the writer thread write
+            // a final snapshot): no drain and no final snapshot, on purpose.
+            #[allow(clippy::disallowed_methods)]
             std::process::exit(STATE_UNWRITABLE_EXIT);
         }
         served => Ok(served?),
