@@ -505,7 +505,7 @@ def specials(n):
     """Batch index -> special event. With the default kill/restart points: a clear seen live by
     the first bridge, a clear published while the bridge is down (seen by replay only), a clear
     seen live by the second bridge. (A hybrid model's second KV-cache group latches the worker
-    as never matched; crates/sgl-kv-indexer/tests/vllm_bridge.rs tests that with this
+    as never matched; crates/kv-bridge/tests/bridge/vllm.rs tests that with this
     publisher's bytes.)"""
     return {n // 4: "clear", n // 2: "clear", n * 7 // 10: "clear"}
 

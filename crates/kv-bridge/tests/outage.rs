@@ -1,6 +1,7 @@
 //! The bridge says when what it depends on comes back, and how long it was away: the publisher
 //! (not listening when the bridge starts) and the Indexer (answering UNAVAILABLE at first).
-//! The bridge's log lines are captured by a subscriber of this test's thread.
+//! The bridge's log lines are captured by a subscriber of this test's thread: a binary of its
+//! own, since other tests' threads in one process disturb that capture.
 
 use std::fmt::{Debug, Write as _};
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! `cargo bench -p kv-events --bench decode`. Plain `Instant` timing: each workload runs whole
 //! rounds until a time budget is spent, and reports hashes/s, batches/s and per-batch latency.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/events/common/mod.rs"]
 mod common;
 
 use common::{Mp, arr, map, rows, s, unhex};

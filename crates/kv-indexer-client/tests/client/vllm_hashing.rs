@@ -13,7 +13,7 @@ fn hex(bytes: &[u8]) -> String {
 #[test]
 fn reproduces_every_sha256_and_sha256_cbor_vector_of_the_real_wheel() {
     let fixture: Value =
-        serde_json::from_str(include_str!("fixtures/vllm-hash-vectors.json")).unwrap();
+        serde_json::from_str(include_str!("../fixtures/vllm-hash-vectors.json")).unwrap();
     let mut checked = 0;
     for case in fixture["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();

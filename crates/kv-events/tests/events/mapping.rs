@@ -1,8 +1,6 @@
 //! The bridge contract's mapping rules, one table row each.
 
-mod common;
-
-use common::plain_stored;
+use crate::common::plain_stored;
 use kv_events::{Action, Event, map_events};
 use kv_index::{ActionKind, Tier};
 

@@ -4,12 +4,10 @@
 //! `MIN_REPLICAS` 1 every acknowledged apply survives the failover (nothing under-claimed);
 //! without, the sequence gate leaves nothing over-claimed either way.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use common::{State, apply_retrying, numbered, replica_settings, report, revoke};
+use crate::common::{State, apply_retrying, numbered, replica_settings, report, revoke};
 use kv_state::error::ChangeError;
 use kv_state::settings::Settings;
 use kv_state::stream::StreamConfig;

@@ -7,8 +7,6 @@
 //! once, an operator's drop reaches every replica, and a property test: applies sent to random replicas leave every replica equal to one
 //! index given the same applies in the order they were answered.
 
-mod common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,7 +20,7 @@ use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
 use proptest::prelude::*;
 
-use common::{State, report, revoke};
+use crate::common::{State, report, revoke};
 
 /// What a test sets of a replica's settings.
 struct ReplicaSettings {

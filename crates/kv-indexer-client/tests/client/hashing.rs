@@ -5,7 +5,7 @@ use serde_json::Value;
 
 #[test]
 fn reproduces_every_golden_vector() {
-    let text = include_str!("fixtures/block-hashes.jsonl");
+    let text = include_str!("../fixtures/block-hashes.jsonl");
     let mut checked = 0;
     for (line, row) in text
         .lines()

@@ -592,16 +592,3 @@ async fn stops_with_an_error_on_a_permanent_status() {
     }
     worker.send(vec![TOPIC.into()]).await;
 }
-
-#[test]
-fn the_binary_exits_non_zero_naming_a_bad_variable() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kv-indexer-bridge"))
-        .env("KV_INDEXER_WORKER_ID", "w")
-        .env("KV_INDEXER_CACHE_COMPONENTS", "full,swa")
-        .env_remove("KV_INDEXER_SWA_WINDOW_TOKENS")
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("KV_INDEXER_SWA_WINDOW_TOKENS"), "{stderr}");
-}

@@ -1,9 +1,7 @@
 //! Table-driven decoding tests on hand-built msgpack: every integer width, both eras with extra
 //! and missing trailing elements, media, unknown events, malformed events and batches.
 
-mod common;
-
-use common::{Mp, arr, batch, ints, map, plain_stored, s, stored_arr, stored_map};
+use crate::common::{Mp, arr, batch, ints, map, plain_stored, s, stored_arr, stored_map};
 use kv_events::{DecodedBatch, Engine, Event, SkipReason, decode_batch, decode_engine_batch};
 use kv_index::Tier;
 

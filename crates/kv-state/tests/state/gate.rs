@@ -3,9 +3,7 @@
 //! batches it had acknowledged) clears the worker at the bridge's next batch instead of
 //! claiming what the worker has since dropped, and replays to the same state.
 
-mod common;
-
-use common::{State, assert_gap, numbered, report, revoke};
+use crate::common::{State, assert_gap, numbered, report, revoke};
 
 #[tokio::test]
 async fn a_retried_batch_is_acknowledged_and_not_applied_twice() {

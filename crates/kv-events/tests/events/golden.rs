@@ -1,9 +1,7 @@
 //! Golden vectors from the real publisher (`crates/kv-testkit/fixtures/`, see the README there): every batch
 //! decodes to exactly the events the publisher serialised, and every captured ZMQ message parses.
 
-mod common;
-
-use common::{rows, unhex};
+use crate::common::{rows, unhex};
 use kv_events::{
     Event, ReplayFrame, SkipReason, decode_batch, map_events, parse_live, parse_replay,
     replay_request, split,

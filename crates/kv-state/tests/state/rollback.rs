@@ -3,9 +3,9 @@
 //! applied entries it lost, through the log, and hold nothing the worker has since dropped,
 //! without waiting for the worker's bridge; its next numbered apply makes it re-sync.
 
-mod common;
-
-use common::{State, apply_retrying, assert_gap, numbered, replica_settings, report, revoke};
+use crate::common::{
+    State, apply_retrying, assert_gap, numbered, replica_settings, report, revoke,
+};
 use kv_state::settings::Settings;
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;

@@ -2,9 +2,7 @@
 //! replicas hold it; with fewer it is refused (UNAVAILABLE to the bridge, which retries, and
 //! the retry is no second apply: the sequence gate takes it as a duplicate).
 
-mod common;
-
-use common::{State, apply_retrying, numbered, replica_settings, report};
+use crate::common::{State, apply_retrying, numbered, replica_settings, report};
 use kv_state::error::ChangeError;
 use kv_state::settings::Settings;
 use kv_state::stream::StreamConfig;

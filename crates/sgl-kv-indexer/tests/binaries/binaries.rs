@@ -741,3 +741,17 @@ fn a_router_without_a_tokenizer_warns_at_start() {
     let (warned, text) = router_says(&with, needle, Duration::from_secs(3));
     assert!(!warned, "warned with a tokenizer:\n{text}");
 }
+
+/// The bridge's binary stops at start naming the variable it cannot use.
+#[test]
+fn the_binary_exits_non_zero_naming_a_bad_variable() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kv-indexer-bridge"))
+        .env("KV_INDEXER_WORKER_ID", "w")
+        .env("KV_INDEXER_CACHE_COMPONENTS", "full,swa")
+        .env_remove("KV_INDEXER_SWA_WINDOW_TOKENS")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("KV_INDEXER_SWA_WINDOW_TOKENS"), "{stderr}");
+}

@@ -1,9 +1,7 @@
 //! Untrusted bytes never panic: arbitrary payloads, mutated real payloads and arbitrary frames.
 //! (A `cargo fuzz` target would call the same entry points.)
 
-mod common;
-
-use common::{rows, unhex};
+use crate::common::{rows, unhex};
 use kv_events::{decode_batch, map_events, parse_live, parse_replay, split};
 use kv_index::Tier;
 use proptest::prelude::*;

@@ -3,13 +3,11 @@
 //! without them refused with a message naming the refusal, and the shared log over TLS
 //! (`rediss://`) to a server whose certificate a CA made here signs.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{State, replica_settings, report, serving};
+use crate::common::{State, replica_settings, report, serving};
 use kv_state::error::ChangeError;
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;

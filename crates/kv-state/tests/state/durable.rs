@@ -4,8 +4,6 @@
 //! directory lock, an operator's drop, and a property test: any applies, snapshots at random points, crashes at
 //! random points → the recovered index equals an index given exactly the acknowledged applies.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,7 +15,7 @@ use kv_state::settings::{Settings, SnapshotMethod, SyncPolicy};
 use kv_testkit::indexer::{CLEAR, DRAM, HBM, REPORT, REVOKE, action, apply_request as apply};
 use proptest::prelude::*;
 
-use common::{State, dir_settings, report};
+use crate::common::{State, dir_settings, report};
 
 /// Where this file's directories go (`kv_testkit::temp_dir`, `kv_testkit::crash_image`).
 const PREFIX: &str = "kv-state-durable";
