@@ -36,6 +36,9 @@ pub struct Combined {
     pub p50_us: f64,
     pub p99_us: f64,
     pub max_us: f64,
+    /// The left-right cell's applier: its time in `IndexWriter::change` (the wait for the
+    /// other copy's readers and its catch-up), and the rest of its applying.
+    pub catch_up: Option<(Duration, Duration)>,
 }
 
 impl Combined {
@@ -48,6 +51,7 @@ impl Combined {
             p50_us: percentile_us(&ns, 50.0),
             p99_us: percentile_us(&ns, 99.0),
             max_us: percentile_us(&ns, 100.0),
+            catch_up: None,
         }
     }
 
@@ -175,10 +179,13 @@ fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
     let mut writer = IndexWriter::new(cell.clone());
     writer.replace(first);
     let query = |r| cell.read().match_prefix_hits(pages.request(r), 0);
+    let mut catching_up = Duration::ZERO;
     let (wall, ns) = race(pages, query, || {
         let mut slice = Instant::now();
         for (valid, _) in timed {
+            let before = Instant::now();
             let mut index = writer.change();
+            catching_up += before.elapsed();
             let retired = index.make_room(valid.reported_blocks());
             index.apply(valid);
             // As the server's writer with applies always queued: a publication per slice.
@@ -193,7 +200,9 @@ fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
     let all: usize = applies.iter().map(|(_, n)| n).sum();
     assert_eq!(cell.read().stats().placements, all, "every page placed");
     assert!(writer.copies_equal(), "the two copies differ");
-    Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns)
+    let mut combined = Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns);
+    combined.catch_up = Some((catching_up, wall.saturating_sub(catching_up)));
+    combined
 }
 
 /// Runs `apply` on this thread while another answers every request in turn with `query`

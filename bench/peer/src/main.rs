@@ -342,6 +342,15 @@ fn run_combined(settings: &plan::Settings, trace: &[Vec<u64>]) {
             c.queries,
             c.wall.as_secs_f64() * 1e3
         );
+        if let Some((catch_up, rest)) = c.catch_up {
+            println!(
+                "{side:<8} run {run}: applier {:.0} ms catching up (readers' wait and the other \
+                 copy's replay), {:.0} ms the rest: catch-up / rest {:.2}",
+                catch_up.as_secs_f64() * 1e3,
+                rest.as_secs_f64() * 1e3,
+                catch_up.as_secs_f64() / rest.as_secs_f64()
+            );
+        }
     };
     for &split in &settings.splits(&[8, 32]) {
         for &workers in &settings.workers(&DEFAULT_WORKERS) {

@@ -8,7 +8,8 @@
 //! - [`validate`]: every validation rule of the contract, as [`ValidationError`];
 //! - `index`: the state; `index::layout` (chunks of chained hashes cut into pieces of equal
 //!   placements, `Holder`s, workers), `index::apply` (REPORT / REVOKE / CLEAR_ALL_AT_TIER),
-//!   `index::compaction` (purge, trim, compact, free), `index::export` (the whole index as plain
+//!   `index::compaction` (purge, trim, compact, free), `index::effects` (a change recorded on one
+//!   index and replayed onto an equal one without table lookups), `index::export` (the whole index as plain
 //!   data and back), `index::image` (the layout itself as bytes and back: snapshots; its byte
 //!   helpers in `image_io`) and `index::invariants` (the recount that tests run);
 //! - `table`: the block hash table (hash -> position in a chunk);
@@ -24,6 +25,8 @@ pub mod types;
 pub mod validate;
 
 pub use image_io::{ImageError, ImageInput};
-pub use index::{Export, ExportedWorker, Held, Index, MAX_WORKERS, SpareTable, WorkerSummary};
+pub use index::{
+    Effects, Export, ExportedWorker, Held, Index, MAX_WORKERS, SpareTable, WorkerSummary,
+};
 pub use types::*;
 pub use validate::{ErrorClass, ValidationError, validate_lookup, validate_prefix};

@@ -109,6 +109,13 @@ impl BlockTable {
             .map_or(0, |bucket| bucket.0[0][1])
     }
 
+    /// Reads the line of `slot` (see [`BlockTable::touch`]): a replay about to fill it.
+    pub(crate) fn touch_slot(&self, slot: usize) -> u64 {
+        self.buckets
+            .get(slot / LANES)
+            .map_or(0, |bucket| bucket.0[0][1])
+    }
+
     pub(crate) fn get(&self, hash: i64) -> Option<Loc> {
         match self.probe(hash) {
             Probe::Found(_, loc) => Some(loc),

@@ -10,6 +10,11 @@
 //! for a chain delivered in pieces, a lie otherwise). Each index also checks its own internal
 //! invariants after every step.
 //!
+//! The first index records its changes' effects ([`Index::apply_recording`], and every other
+//! table rebuild before the change with [`Index::install_table_recording`]), and a twin replays
+//! them ([`Index::replay_apply`], [`Index::replay_table`]), catching up every few steps, as a
+//! left-right cell's other copy does: after each catch-up the two must be equal.
+//!
 //! The case count defaults to 2000 and can be overridden with `KV_INDEX_MODEL_CASES`.
 
 #[path = "model/reference.rs"]
@@ -17,8 +22,8 @@ mod reference;
 mod requests;
 
 use kv_index::{
-    ActionRequest, ApplyRequest, CacheSpec, ImageInput, Index, MAX_ACTIONS_PER_APPLY,
-    MAX_HASHES_PER_REQUEST, ValidationError,
+    ActionRequest, ApplyRequest, CacheSpec, Effects, ImageInput, Index, MAX_ACTIONS_PER_APPLY,
+    MAX_HASHES_PER_REQUEST, ValidApply, ValidationError,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -494,9 +499,81 @@ const HINTS: [Hints; 4] = [
     Hints::RestoredAfterEveryStep,
 ];
 
+/// A change to the first index, as its twin replays it.
+enum TwinOp {
+    Apply(ValidApply),
+    Table,
+    CountHits(Vec<i64>),
+}
+
+/// The first index's twin (see the module docs): equal to it but for `ops`.
+#[derive(Default)]
+struct Twin {
+    index: Index,
+    ops: Vec<TwinOp>,
+    effects: Effects,
+    /// Applies recorded so far: every other one has its table rebuilt before it.
+    applies: usize,
+}
+
+impl Twin {
+    /// Applies `valid` to `first`, recording, as a cell's writer does.
+    fn record(&mut self, first: &mut Index, valid: &ValidApply) -> Result<(), TestCaseError> {
+        self.applies += 1;
+        if self.applies.is_multiple_of(2)
+            && let Some(spare) = first.table_for(valid.reported_blocks())
+        {
+            let installed = first.install_table_recording(spare, &mut self.effects);
+            prop_assert!(installed.is_ok(), "a table built from the index is refused");
+            self.ops.push(TwinOp::Table);
+        }
+        first.apply_recording(valid, &mut self.effects);
+        self.ops.push(TwinOp::Apply(valid.clone()));
+        Ok(())
+    }
+
+    /// Replays what it lacks, then checks it equals `first`.
+    fn catch_up(&mut self, first: &Index, step: usize) -> Result<(), TestCaseError> {
+        for op in self.ops.drain(..) {
+            match op {
+                TwinOp::Apply(valid) => self.index.replay_apply(&valid, &mut self.effects),
+                TwinOp::Table => drop(self.index.replay_table(&mut self.effects)),
+                TwinOp::CountHits(hashes) => self.index.count_hits(&hashes),
+            }
+        }
+        prop_assert!(
+            self.effects.is_replayed(),
+            "effects left after step {}",
+            step
+        );
+        self.effects.clear();
+        self.index.check_invariants();
+        prop_assert_eq!(
+            self.index.export(),
+            first.export(),
+            "the twin differs after step {}",
+            step
+        );
+        // The layout too, block table slot for slot: the next replay relies on it.
+        let image = |index: &Index| {
+            let mut image = Vec::new();
+            index.write_image(&mut image).unwrap();
+            image
+        };
+        prop_assert!(
+            image(&self.index) == image(first),
+            "the twin's image differs after step {}",
+            step
+        );
+        Ok(())
+    }
+}
+
 struct Pair {
     /// One index per [`HINTS`] entry.
     indexes: Vec<Index>,
+    /// The first index's twin.
+    twin: Twin,
     model: Model,
     history: Vec<ApplyRequest>,
     /// The last hash of the last REPORT action seen (for `ChainedToPreviousReport`).
@@ -507,6 +584,7 @@ impl Pair {
     fn new() -> Pair {
         Pair {
             indexes: HINTS.iter().map(|_| Index::new()).collect(),
+            twin: Twin::default(),
             model: Model::new(),
             history: Vec::new(),
             last_reported: None,
@@ -539,6 +617,14 @@ impl Pair {
             let req = self.with_hints(req, hints);
             let index = &mut self.indexes[k];
             let valid = req.validate();
+            if k == 0 {
+                let real = match valid {
+                    Ok(valid) => self.twin.record(index, &valid).map(|()| Ok(()))?,
+                    Err(error) => Err(error),
+                };
+                prop_assert_eq!(&real, &expected, "apply result with hints {:?}", hints);
+                continue;
+            }
             // Half the indexes get their table rebuilt before the apply, as the server's
             // writer does it (built beside readers, then swapped in), and half inside it.
             if let (Ok(valid), 1) = (&valid, k % 2)
@@ -583,6 +669,7 @@ impl Pair {
             for index in &mut self.indexes {
                 index.count_hits(hashes);
             }
+            self.twin.ops.push(TwinOp::CountHits(hashes.to_vec()));
             self.model.count_hits(hashes);
         }
         Ok(())
@@ -825,6 +912,10 @@ fn run(specs: &[Option<CacheSpec>], ops: &[Op]) -> Result<(), TestCaseError> {
                 step
             );
             pair.indexes[imaged] = read;
+        }
+        // The twin catches up at every third step, and at the end.
+        if step % 3 == 2 || step + 1 == ops.len() {
+            pair.twin.catch_up(&pair.indexes[0], step)?;
         }
         // A prefix query on the chain start after every step keeps the prefix scan under
         // constant pressure, whatever the op was.

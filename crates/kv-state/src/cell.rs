@@ -12,9 +12,12 @@
 //!   replays onto it the changes it lacks (those of the last publication), applies the new ones
 //!   while recording them, and publishes it with one pointer swap. The copy it replaced becomes
 //!   the writer's, behind by what was just published.
-//! - Each change is applied twice (once per copy), in the same order, from the same inputs:
-//!   `Index` is deterministic, so the copies stay equal (tested in `kv-index`'s model test and
-//!   here). A block table rebuild happens on the writer's copy, which no reader sees.
+//! - Each change is made to both copies, in the same order, from the same inputs: `Index` is
+//!   deterministic, so the copies stay equal (tested in `kv-index`'s model test and here). The
+//!   first copy records what its block-table lookups found ([`kv_index::Effects`]), and the
+//!   second copy's replay takes those instead of probing its table again: equal copies have
+//!   equal tables, slot for slot. A block table rebuild happens on the writer's copy, which no
+//!   reader sees; the other copy rebuilds its own where the record says, to the same table.
 //!
 //! Nothing here is `unsafe`: the protocol is `Arc` ownership and one `RwLock` around a pointer.
 
@@ -22,7 +25,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kv_index::{Index, SpareTable, ValidApply};
+use kv_index::{Effects, Index, SpareTable, ValidApply};
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 /// How long a writer applies queued changes before it publishes them (and answers them): each
@@ -68,34 +71,58 @@ impl IndexCell {
 /// A change to one copy of the index, as the writer replays it onto the other.
 #[derive(Debug)]
 enum IndexOp {
+    /// An apply, replayed from the effects it recorded.
     Apply(ValidApply),
+    /// A block table rebuilt before a change: rebuilt alike.
+    Table,
     CountHits(Vec<i64>),
 }
 
 impl IndexOp {
-    /// Applies the op to the other copy, its table rebuilt first as the first copy's was.
-    fn replay(&self, index: &mut Index) {
+    /// Makes the op's change to the other copy, taking what the first copy recorded for it
+    /// from `effects`.
+    fn replay(&self, index: &mut Index, effects: &mut Effects) {
         match self {
-            IndexOp::Apply(batch) => {
-                drop(make_room(index, batch.reported_blocks()));
-                index.apply(batch);
+            IndexOp::Apply(batch) => index.replay_apply(batch, effects),
+            IndexOp::Table => {
+                let start = Instant::now();
+                let replaced = index.replay_table(effects);
+                crate::observe::table_rebuilt(index.table_entries(), start.elapsed());
+                drop(replaced);
             }
             IndexOp::CountHits(hashes) => index.count_hits(hashes),
         }
     }
 }
 
-/// Rebuilds `index`'s block table now when a change adding at most `blocks` blocks would (grow
-/// it, or purge it of stale entries), counted and timed; the table replaced, if any.
-fn make_room(index: &mut Index, blocks: usize) -> Option<SpareTable> {
-    if blocks == 0 {
-        return None;
+/// Changes made to one copy, in order, with what they recorded, to make them to the other.
+#[derive(Debug, Default)]
+struct OpLog {
+    ops: Vec<IndexOp>,
+    effects: Effects,
+}
+
+impl OpLog {
+    fn is_empty(&self) -> bool {
+        self.ops.is_empty()
     }
-    let start = Instant::now();
-    let spare = index.table_for(blocks)?;
-    crate::observe::table_rebuilt(spare.entries(), start.elapsed());
-    // Built from this index just now, so installed (a refusal would hand it back unused).
-    Some(index.install_table(spare).unwrap_or_else(|unused| unused))
+
+    fn clear(&mut self) {
+        self.ops.clear();
+        self.effects.clear();
+    }
+
+    /// Makes every change to `index`, which is where the first copy was before them.
+    fn replay(&mut self, index: &mut Index) {
+        for op in self.ops.drain(..) {
+            op.replay(index, &mut self.effects);
+        }
+        assert!(
+            self.effects.is_replayed(),
+            "the other copy's replay took fewer effects than were recorded"
+        );
+        self.effects.clear();
+    }
 }
 
 /// The one writer of an [`IndexCell`]: owns the copy readers do not see.
@@ -105,9 +132,9 @@ pub struct IndexWriter {
     /// The unpublished copy: equal to the published one but for `behind`.
     spare: Arc<Index>,
     /// The changes of the last publication, which `spare` has not had.
-    behind: Vec<IndexOp>,
+    behind: OpLog,
     /// The changes applied to `spare` since the last publication.
-    pending: Vec<IndexOp>,
+    pending: OpLog,
 }
 
 impl IndexWriter {
@@ -117,8 +144,8 @@ impl IndexWriter {
         IndexWriter {
             cell,
             spare,
-            behind: Vec::new(),
-            pending: Vec::new(),
+            behind: OpLog::default(),
+            pending: OpLog::default(),
         }
     }
 
@@ -144,12 +171,10 @@ impl IndexWriter {
     pub fn change(&mut self) -> Changing<'_> {
         let index = exclusive(&mut self.spare);
         let abort = AbortOnPanic("changing the index");
-        for op in self.behind.drain(..) {
-            op.replay(index);
-        }
+        self.behind.replay(index);
         Changing {
             index,
-            ops: &mut self.pending,
+            log: &mut self.pending,
             started: Instant::now(),
             _abort: abort,
         }
@@ -184,12 +209,18 @@ impl IndexWriter {
     }
 
     /// Publishes what is pending, then whether both copies hold the same index once the
-    /// writer's has caught up (for tests).
+    /// writer's has caught up, in the same layout (their images, block table included: the
+    /// replay of recorded effects relies on it), for tests.
     pub fn copies_equal(&mut self) -> bool {
         self.publish();
         let published = self.published();
         let spare = &*self.change();
-        published.export() == spare.export()
+        let image = |index: &Index| {
+            let mut image = Vec::new();
+            index.write_image(&mut image).expect("written to memory");
+            image
+        };
+        published.export() == spare.export() && image(&published) == image(spare)
     }
 }
 
@@ -254,7 +285,7 @@ impl IndexChange for Index {
 /// lives aborts the process.
 pub struct Changing<'a> {
     index: &'a mut Index,
-    ops: &'a mut Vec<IndexOp>,
+    log: &'a mut OpLog,
     /// When the catch-up ended: the slice's own work is timed from here.
     started: Instant,
     /// A panic while this copy is half-changed aborts (an unwinding one could let a later
@@ -281,11 +312,16 @@ impl Changing<'_> {
         let spare = self.index.table_for(blocks)?;
         crate::observe::table_rebuilt(spare.entries(), start.elapsed());
         // Built from this index just now, so installed (a refusal would hand it back unused).
-        Some(
-            self.index
-                .install_table(spare)
-                .unwrap_or_else(|unused| unused),
-        )
+        match self
+            .index
+            .install_table_recording(spare, &mut self.log.effects)
+        {
+            Ok(replaced) => {
+                self.log.ops.push(IndexOp::Table);
+                Some(replaced)
+            }
+            Err(unused) => Some(unused),
+        }
     }
 }
 
@@ -303,13 +339,13 @@ impl IndexChange for Changing<'_> {
     }
 
     fn apply(&mut self, batch: &ValidApply) {
-        self.index.apply(batch);
-        self.ops.push(IndexOp::Apply(batch.clone()));
+        self.index.apply_recording(batch, &mut self.log.effects);
+        self.log.ops.push(IndexOp::Apply(batch.clone()));
     }
 
     fn count_hits(&mut self, hashes: &[i64]) {
         self.index.count_hits(hashes);
-        self.ops.push(IndexOp::CountHits(hashes.to_vec()));
+        self.log.ops.push(IndexOp::CountHits(hashes.to_vec()));
     }
 }
 

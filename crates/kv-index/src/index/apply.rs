@@ -3,12 +3,11 @@
 use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 
-use crate::table::{Loc, Probe};
+use crate::table::Loc;
 use crate::types::{Action, ActionKind};
 
-use super::layout::{
-    Chunk, Found, Holder, NewBlock, Placement, Placements, append_block, found_at,
-};
+use super::effects::{Look, Lookups};
+use super::layout::{Chunk, Found, Holder, NewBlock, Placement, Placements, append_block};
 use super::{Index, WARM_AHEAD};
 
 /// A range of consecutive live positions of one chunk, gathered from consecutive hashes of an
@@ -104,22 +103,27 @@ enum Stored {
 
 impl Index {
     /// Applies one action of a batch.
-    pub(super) fn apply_action(&mut self, worker: u32, action: &Action) {
+    pub(super) fn apply_action(
+        &mut self,
+        worker: u32,
+        action: &Action,
+        lookups: &mut impl Lookups,
+    ) {
         let holder = Holder::new(worker, action.tier);
         match action.kind {
-            ActionKind::Report => self.report(holder, action),
-            ActionKind::Revoke => self.revoke(holder, &action.hashes),
-            ActionKind::ClearAllAtTier => self.clear(holder),
+            ActionKind::Report => self.report(holder, action, lookups),
+            ActionKind::Revoke => self.revoke(holder, &action.hashes, lookups),
+            ActionKind::ClearAllAtTier => self.clear(holder, lookups),
         }
     }
 
     /// REPORT: hashes that continue a run of stored blocks are gathered and updated a range at
     /// a time; new hashes are appended to the chunk that ends with the previous hash (or the
     /// chain hint's parent for the first), else to a new chunk.
-    fn report(&mut self, holder: Holder, action: &Action) {
+    fn report<L: Lookups>(&mut self, holder: Holder, action: &Action, lookups: &mut L) {
         let mut prev: Option<Loc> = action
             .parent_block_hash
-            .and_then(|parent| self.locate(parent))
+            .and_then(|parent| lookups.locate(&self.table, &self.chunks, parent))
             .map(Found::loc);
         let mut run: Option<Run> = None;
         let mut appended_to: Option<u32> = None;
@@ -138,11 +142,12 @@ impl Index {
                 continue;
             }
             if let Some(r) = run.take() {
-                self.update_range(r.chunk, r.begin, r.end, holder, Change::Set(r.mask));
+                let change = Change::Set(r.mask);
+                self.update_range(r.chunk, r.begin, r.end, holder, change, lookups);
                 prev = Some(r.last());
             }
-            self.make_room();
-            if i >= warmed && prev.is_some_and(|p| Some(p.chunk) == appended_to) {
+            self.make_room(lookups);
+            if L::WARMS && i >= warmed && prev.is_some_and(|p| Some(p.chunk) == appended_to) {
                 warmed = self.warm_ahead(&action.hashes, i);
             }
             let block = NewBlock {
@@ -151,7 +156,7 @@ impl Index {
                 tokens,
                 remaining: count - i,
             };
-            match self.find_or_append(prev, block) {
+            match self.find_or_append(prev, block, lookups) {
                 Stored::Existing(found) => {
                     if tokens > 0 {
                         self.chunks[found.chunk as usize].set_tokens(found.offset, tokens);
@@ -169,7 +174,8 @@ impl Index {
             }
         }
         if let Some(r) = run {
-            self.update_range(r.chunk, r.begin, r.end, holder, Change::Set(r.mask));
+            let change = Change::Set(r.mask);
+            self.update_range(r.chunk, r.begin, r.end, holder, change, lookups);
         }
         if let Some(chunk) = appended_to {
             self.trim_capacity(chunk);
@@ -191,16 +197,19 @@ impl Index {
     /// The live block `block.hash`, or else appends it after `prev` (see [`append_block`]) and
     /// points its table entry (a vacant slot, or its stale entry) there.
     #[inline]
-    fn find_or_append(&mut self, prev: Option<Loc>, block: NewBlock) -> Stored {
-        let stale_slot = match self.table.probe(block.hash) {
-            Probe::Found(slot, loc) => match found_at(&self.chunks, block.hash, loc) {
-                Some(found) => return Stored::Existing(found),
-                None => {
-                    self.stale = self.stale.saturating_sub(1);
-                    Ok(slot)
-                }
-            },
-            Probe::Vacant(slot) => Err(slot),
+    fn find_or_append(
+        &mut self,
+        prev: Option<Loc>,
+        block: NewBlock,
+        lookups: &mut impl Lookups,
+    ) -> Stored {
+        let stale_slot = match lookups.look(&self.table, &self.chunks, block.hash) {
+            Look::Live(found) => return Stored::Existing(found),
+            Look::Stale(slot) => {
+                self.stale = self.stale.saturating_sub(1);
+                Ok(slot)
+            }
+            Look::Vacant(slot) => Err(slot),
         };
         let loc = append_block(&mut self.chunks, &mut self.free_chunks, prev, block);
         match stale_slot {
@@ -224,7 +233,7 @@ impl Index {
     }
 
     /// REVOKE: consecutive hashes stored consecutively are removed a range at a time.
-    fn revoke(&mut self, holder: Holder, hashes: &[i64]) {
+    fn revoke(&mut self, holder: Holder, hashes: &[i64], lookups: &mut impl Lookups) {
         let mut run: Option<Run> = None;
         for &hash in hashes {
             if let Some(r) = &mut run
@@ -233,19 +242,19 @@ impl Index {
                 continue;
             }
             if let Some(r) = run.take() {
-                self.update_range(r.chunk, r.begin, r.end, holder, Change::Remove);
+                self.update_range(r.chunk, r.begin, r.end, holder, Change::Remove, lookups);
             }
-            run = self
-                .locate(hash)
+            run = lookups
+                .locate(&self.table, &self.chunks, hash)
                 .map(|found| Run::start(&self.chunks, found, 0));
         }
         if let Some(r) = run {
-            self.update_range(r.chunk, r.begin, r.end, holder, Change::Remove);
+            self.update_range(r.chunk, r.begin, r.end, holder, Change::Remove, lookups);
         }
     }
 
     /// CLEAR_ALL_AT_TIER: every chunk of the reverse holdings, whole.
-    fn clear(&mut self, holder: Holder) {
+    fn clear(&mut self, holder: Holder, lookups: &mut impl Lookups) {
         let holdings = std::mem::take(
             &mut self.workers[holder.worker() as usize].holdings[holder.tier().index()],
         );
@@ -257,7 +266,7 @@ impl Index {
             last = Some(chunk);
             let len = self.chunks[chunk as usize].hashes.len() as u32;
             if len > 0 {
-                self.update_range(chunk, 0, len, holder, Change::Remove);
+                self.update_range(chunk, 0, len, holder, Change::Remove, lookups);
             }
         }
     }
@@ -265,7 +274,15 @@ impl Index {
     /// Applies `change` for `holder` to positions `begin..end` of a chunk (all live for a
     /// `Set`), splitting pieces where the change starts or ends inside one, merging equal
     /// neighbours after, and tidying the chunk when blocks died.
-    fn update_range(&mut self, c: u32, begin: u32, end: u32, holder: Holder, change: Change) {
+    fn update_range(
+        &mut self,
+        c: u32,
+        begin: u32,
+        end: u32,
+        holder: Holder,
+        change: Change,
+        lookups: &mut impl Lookups,
+    ) {
         let chunk = &mut self.chunks[c as usize];
         let worker = &mut self.workers[holder.worker() as usize];
         let first = chunk.piece_at(begin);
@@ -322,7 +339,7 @@ impl Index {
             self.hold(holder, c);
         }
         if died {
-            self.tidy(c);
+            self.tidy(c, lookups);
         }
     }
 

@@ -1,6 +1,7 @@
 //! Lazy deletion's clean-up: purging stale table entries, trimming and compacting chunks,
 //! freeing empty ones, and compacting reverse holdings.
 
+use super::effects::Lookups;
 use super::layout::{Chunk, Holder, Holdings, Piece, Tokens};
 use super::{CHUNK_COMPACTION_SLACK, HOLDINGS_COMPACTION_SLACK, Index};
 use crate::table::BlockTable;
@@ -8,7 +9,7 @@ use crate::table::BlockTable;
 impl Index {
     /// After blocks of chunk `c` died: frees it when nothing is live, trims a dead end, and
     /// compacts it when dead positions outweigh live ones.
-    pub(super) fn tidy(&mut self, c: u32) {
+    pub(super) fn tidy(&mut self, c: u32, lookups: &mut impl Lookups) {
         let chunk = &mut self.chunks[c as usize];
         if chunk.live == 0 {
             *chunk = Chunk::empty();
@@ -24,12 +25,12 @@ impl Index {
         }
         let dead = chunk.hashes.len() as u32 - chunk.live;
         if dead > chunk.live + CHUNK_COMPACTION_SLACK {
-            self.compact_chunk(c);
+            self.compact_chunk(c, lookups);
         }
     }
 
     /// Rewrites chunk `c` with its live positions only, re-pointing their table entries.
-    fn compact_chunk(&mut self, c: u32) {
+    fn compact_chunk(&mut self, c: u32, lookups: &mut impl Lookups) {
         let chunk = &mut self.chunks[c as usize];
         let mut hashes: Vec<i64> = Vec::with_capacity(chunk.live as usize);
         let mut tokens = Tokens::Uniform(0);
@@ -53,7 +54,7 @@ impl Index {
             }
         }
         for (offset, hash) in hashes.iter().enumerate() {
-            let old = self.table.set_offset(*hash, offset as u32);
+            let old = lookups.move_entry(&mut self.table, *hash, offset as u32);
             debug_assert_eq!(
                 old.map(|loc| loc.chunk),
                 Some(c),
@@ -75,13 +76,10 @@ impl Index {
     }
 
     /// Before a new table entry: drops stale entries when they are over a quarter of the table,
-    /// and grows it when it is still full. A caller that locks the index avoids this rebuild
-    /// under its write lock with [`Index::table_for`].
-    pub(super) fn make_room(&mut self) {
-        if let Some(spare) = self.table_for(1) {
-            self.install_table(spare)
-                .expect("a table built from this index just now");
-        }
+    /// and grows it when it is still full (see `Lookups::make_room`). A caller that locks the
+    /// index avoids this rebuild under its write lock with [`Index::table_for`].
+    pub(super) fn make_room(&mut self, lookups: &mut impl Lookups) {
+        lookups.make_room(self);
     }
 
     /// The block table a change adding at most `blocks` new blocks would rebuild, built now
@@ -106,6 +104,7 @@ impl Index {
         Some(SpareTable {
             table,
             purged,
+            room: blocks,
             built_from: Some(self.identity()),
         })
     }
@@ -137,11 +136,13 @@ impl Index {
 /// replaced.
 #[derive(Debug)]
 pub struct SpareTable {
-    table: BlockTable,
-    purged: bool,
+    pub(super) table: BlockTable,
+    pub(super) purged: bool,
+    /// The new entries it was built to make room for.
+    pub(super) room: usize,
     /// The identity of the index it was built from, as it was then; `None` for a table taken
     /// out of an index, never installed again.
-    built_from: Option<(u64, usize)>,
+    pub(super) built_from: Option<(u64, usize)>,
 }
 
 impl SpareTable {

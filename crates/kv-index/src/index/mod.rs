@@ -28,11 +28,13 @@
 //!
 //! Modules: `layout` (holders, placements, pieces, chunks, workers, appending a block), `apply`
 //! (REPORT / REVOKE / CLEAR and the range update they share), `compaction` (purge, trim, compact,
-//! free), `export` (the contents as plain data), `image` (the layout itself as bytes, for
-//! snapshots), `invariants` (`Index::check_invariants`, for tests).
+//! free), `effects` (changes recorded on one index, replayed onto an equal one without table
+//! lookups: a left-right cell's other copy), `export` (the contents as plain data), `image` (the
+//! layout itself as bytes, for snapshots), `invariants` (`Index::check_invariants`, for tests).
 
 mod apply;
 mod compaction;
+mod effects;
 mod export;
 mod image;
 mod invariants;
@@ -45,6 +47,7 @@ use crate::table::BlockTable;
 use crate::types::{IndexStats, ValidApply};
 
 pub use compaction::SpareTable;
+pub use effects::Effects;
 pub use export::{Export, ExportedWorker, Held, WorkerSummary};
 pub(crate) use layout::{Chunk, Found, Placement};
 use layout::{ScanProfile, Worker, found_at};
@@ -116,6 +119,12 @@ impl Index {
     /// Applies a validated batch: overwrites the worker's address and spec, then applies the
     /// actions in order. Cannot fail, so a batch is applied whole.
     pub fn apply(&mut self, batch: &ValidApply) {
+        self.apply_with(batch, &mut effects::Live);
+    }
+
+    /// [`Index::apply`], looking the table up through `lookups` (see `effects`).
+    fn apply_with(&mut self, batch: &ValidApply, lookups: &mut impl effects::Lookups) {
+        lookups.begin(self);
         self.changes += 1;
         let worker = self.intern(&batch.worker_id);
         let w = &mut self.workers[worker as usize];
@@ -123,7 +132,7 @@ impl Index {
         w.spec = batch.cache_spec;
         self.profiles[worker as usize] = ScanProfile::of(w);
         for action in &batch.actions {
-            self.apply_action(worker, action);
+            self.apply_action(worker, action, lookups);
         }
     }
 
@@ -158,6 +167,11 @@ impl Index {
     /// which never reads them. Valid until the next change to the index.
     pub fn table_memory(&self) -> std::ops::Range<usize> {
         self.table.memory()
+    }
+
+    /// Entries the block table holds (live or stale).
+    pub fn table_entries(&self) -> usize {
+        self.table.len()
     }
 
     /// Marks chunk `c` as having a block with a hit count.
