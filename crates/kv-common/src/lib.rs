@@ -25,9 +25,41 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // Some errors print their source already (redis's I/O errors): not twice.
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        /// Prints its source itself, as redis's I/O errors do.
+        #[error("connecting: {0}")]
+        Repeats(#[source] std::io::Error),
+        #[error("opening the log")]
+        Plain(#[source] std::io::Error),
+    }
+
+    #[test]
+    fn a_cause_is_printed_once() {
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let text = refused().to_string();
+        assert_eq!(
+            error_chain(&Outer::Repeats(refused())),
+            format!("connecting: {text}")
+        );
+        assert_eq!(
+            error_chain(&Outer::Plain(refused())),
+            format!("opening the log: {text}")
+        );
+    }
 }

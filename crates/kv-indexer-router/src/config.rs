@@ -32,7 +32,7 @@ pub enum PrefixProvider {
     Oracle,
 }
 
-/// A cache-aware HTTP router for SGLang workers, using the KV Indexer as its cache signal.
+/// A cache-aware HTTP router for SGLang and vLLM workers, using the KV Indexer as its cache signal.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kv-indexer-router", version, about, args_override_self = true)]
 pub struct Args {

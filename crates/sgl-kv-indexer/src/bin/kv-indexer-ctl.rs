@@ -215,8 +215,15 @@ async fn main() -> ExitCode {
                 println!("{}", report.json);
             } else if report.answered {
                 print!("{}", report.table);
-            } else {
+            } else if matches!(args.command, Command::Health | Command::State { .. }) {
+                // Each line already names its replica.
                 eprint!("error: {}", report.table);
+            } else {
+                eprintln!(
+                    "error: {} (asked {})",
+                    report.table.trim_end(),
+                    args.endpoint
+                );
             }
             if report.answered {
                 ExitCode::SUCCESS
