@@ -61,7 +61,6 @@ pub struct CacheStats {
     pub not_stored: u64,
 }
 
-/// The pages a running request holds; give it back with [`Cache::release`].
 /// The cached prefix of a prompt, per tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CachedPrefix {
@@ -70,6 +69,7 @@ pub struct CachedPrefix {
     pub host_pages: usize,
 }
 
+/// The pages a running request holds; give it back with [`Cache::release`].
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a lease pins its pages until released"]
 pub struct Lease {
