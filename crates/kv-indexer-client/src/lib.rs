@@ -1,16 +1,10 @@
 //! The router side of the KV Indexer: what a router needs to ask the Indexer where a prompt's
 //! KV cache lives, with the semantics of `docs/router-contract.md`.
 //!
-//! - [`hashing`]: SGLang's block hashes from token ids (SHA-256 chain, bigrams, salts).
-//! - [`vllm_hashing`]: vLLM's block hashes (sha256 over its pickle, sha256_cbor), and the one
-//!   rule mapping a vLLM event hash to the Indexer's i64.
-//! - [`block_hasher`]: [`BlockHasher`], one worker group's hashing, whichever engine.
-//! - [`tokenize`]: a deterministic word tokenizer for tools and simulations.
-//! - [`tokenizer`]: prompt text to token ids as SGLang encodes it (a Hugging Face
-//!   `tokenizer.json` with feature `hf`, else the word tokenizer), shared by the router and the
-//!   simulated worker.
-//! - [`chat`] (feature `chat`): chat messages to prompt text through the model's chat
-//!   template, as SGLang renders it.
+//! - `hashing`, `vllm_hashing`, `block_hasher`, `tokenize`, `tokenizer`, `chat` (feature
+//!   `chat`): the prompt's side (SGLang's and vLLM's block hashing, tokenizers, chat
+//!   templates), the `kv-prompt` crate's, re-exported here for the router's convenience; the
+//!   simulated worker uses `kv-prompt` itself, without the gRPC client.
 //! - [`endpoint`]: the endpoint list (`http://`, `https://`, `unix:`; replicas in order),
 //!   rejected at start-up when it can never be dialed.
 //! - [`client`]: [`IndexerClient`], lazily connected, with the local admission bound, the
@@ -23,26 +17,21 @@
 //!   answers and status codes into them.
 
 pub mod admin;
-pub mod block_hasher;
-#[cfg(feature = "chat")]
-pub mod chat;
 pub mod client;
 pub mod endpoint;
-pub mod hashing;
 pub mod outcome;
 pub mod security;
-pub mod tokenize;
-pub mod tokenizer;
-pub mod vllm_hashing;
+
+#[cfg(feature = "chat")]
+pub use kv_prompt::chat;
+pub use kv_prompt::{BlockHasher, HashConfig, block_hashes, simple_tokenize};
+pub use kv_prompt::{block_hasher, hashing, tokenize, tokenizer, vllm_hashing};
 
 pub use admin::{ServerState, WorkerState};
-pub use block_hasher::BlockHasher;
 pub use client::{ClientConfig, ClientError, IndexerClient, MAX_PREFIX_HASHES, ServingStatus};
 pub use endpoint::{Endpoint, EndpointError};
-pub use hashing::{HashConfig, block_hashes};
 pub use outcome::{
     HitCount, NodeMatch, PrefixMatch, PrefixOutcome, QueryError, Tier, TierPlacements,
 };
 pub use security::{ClientSecurity, Credentials, SecurityError};
-pub use tokenize::simple_tokenize;
 pub use tonic::{Code, Status};

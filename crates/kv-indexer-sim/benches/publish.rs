@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_indexer_sim::events::{BlockRemoved, BlockStored, Encoder, Encoding, Event, Medium};
 use kv_indexer_sim::publisher::{Publisher, PublisherConfig, PublisherStats};
 use kv_indexer_sim::{Config, Listeners, Worker};
+use kv_prompt::hashing::{HashConfig, block_hashes};
 use zeromq::{Socket, SocketRecv, SubSocket};
 
 const WINDOW: Duration = Duration::from_secs(3);

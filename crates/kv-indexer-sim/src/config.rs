@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use kv_indexer_client::BlockHasher;
-use kv_indexer_client::hashing::HashConfig;
-use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
+use kv_prompt::BlockHasher;
+use kv_prompt::hashing::HashConfig;
+use kv_prompt::vllm_hashing::{VllmHashAlgo, VllmHasher};
 
 use crate::cache::CacheConfig;
 use crate::events::{Encoder, Encoding};

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::serve::ListenerExt;
-use kv_indexer_client::chat::{ChatError, ChatTemplate};
-use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
+use kv_prompt::chat::{ChatError, ChatTemplate};
+use kv_prompt::tokenizer::{Tokenizer, TokenizerError};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;

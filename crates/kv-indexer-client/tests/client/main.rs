@@ -1,6 +1,4 @@
-//! The client library's tests, one binary: the client against servers (`client`), SGLang's
-//! block hashing (`hashing`) and vLLM's (`vllm_hashing`), against golden vectors.
+//! The client library's tests: the client against real servers (`client`). The hashing it
+//! re-exports is tested in `kv-prompt`.
 
 mod client;
-mod hashing;
-mod vllm_hashing;

@@ -40,9 +40,9 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
-use kv_indexer_client::BlockHasher;
-use kv_indexer_client::chat::{ChatError, ChatTemplate};
-use kv_indexer_client::tokenizer::{Tokenizer, TokenizerError};
+use kv_prompt::BlockHasher;
+use kv_prompt::chat::{ChatError, ChatTemplate};
+use kv_prompt::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 

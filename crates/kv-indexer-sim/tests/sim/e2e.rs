@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_bridge::stats::Stats;
-use kv_indexer_client::BlockHasher;
-use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_indexer_sim::events::{Encoding, Medium};
 use kv_indexer_sim::publisher::PublisherStats;
 use kv_indexer_sim::scheduler::SchedulerHandle;
 use kv_indexer_sim::{Config, Endpoints, Listeners, Worker};
+use kv_prompt::BlockHasher;
+use kv_prompt::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_testkit::indexer::Held as View;
 use kv_testkit::wait::{self, PATIENCE};
 use kv_testkit::{BridgeFlags, RunningBridge, TestIndexer};

@@ -2,10 +2,10 @@
 //! 0.33.0's own publisher sent for the same events (`kv-testkit/fixtures/vllm-events-0.33.0.json`),
 //! its hashes are vLLM's, and it serves vLLM's API shape, not SGLang's.
 
-use kv_indexer_client::BlockHasher;
-use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_indexer_sim::events::{BlockRemoved, BlockStored, Encoder, Encoding, Event, Medium};
 use kv_indexer_sim::{Config, Listeners, Worker};
+use kv_prompt::BlockHasher;
+use kv_prompt::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_testkit::fixtures::{hex_frames, vllm_events, vllm_hash};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

@@ -147,7 +147,10 @@ async fn exits_with_1_when_the_indexer_cannot_answer() {
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("Unavailable"), "{stderr}");
-    assert!(stderr.contains(&format!("(asked {dead})")), "names what it asked: {stderr}");
+    assert!(
+        stderr.contains(&format!("(asked {dead})")),
+        "names what it asked: {stderr}"
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! Every golden vector captured from SGLang's block hashing.
 
-use kv_indexer_client::hashing::{HashConfig, block_hashes};
+use kv_prompt::hashing::{HashConfig, block_hashes};
 use serde_json::Value;
 
 #[test]

@@ -1,9 +1,7 @@
 //! Every reproducible golden vector made by the real vLLM 0.33.0 wheel's hashing functions
 //! (`tests/fixtures/vllm-hash-vectors.json`; how they were made: `scripts/vllm/README.md`).
 
-use kv_indexer_client::vllm_hashing::{
-    ExtraKeys, VllmHashAlgo, VllmHasher, event_hash, event_hash_of,
-};
+use kv_prompt::vllm_hashing::{ExtraKeys, VllmHashAlgo, VllmHasher, event_hash, event_hash_of};
 use serde_json::Value;
 
 fn hex(bytes: &[u8]) -> String {

@@ -6,8 +6,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kv_indexer_client::hashing::{HashConfig, hash_into};
-use kv_indexer_client::tokenize::simple_tokenize;
+use kv_prompt::hashing::{HashConfig, hash_into};
+use kv_prompt::tokenize::simple_tokenize;
 
 const PROMPT_TOKENS: u64 = 32 * 1024;
 
