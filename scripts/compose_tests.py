@@ -305,7 +305,7 @@ def host_cpu_file(state):
 
 class CpuClock:
     """A container's CPU time in µs, from its cgroup's counter: the host's file when this host
-    runs the engine (exact), else the container's own through `docker exec` (whose own few ms
+    runs Redis (exact), else the container's own through `docker exec` (whose own few ms
     then count). On the host, also its main process's (the server's, all its threads; in
     clock ticks): the rest of the group's is what runs beside it (health checks' execs)."""
 

@@ -63,7 +63,7 @@ CASES = {
     "sentinel-0": "Sentinel failover under load, MIN_REPLICAS 0",
     "sentinel-1": "Sentinel failover under load, MIN_REPLICAS 1",
 }
-# --short (CI): a replica killed and one cut off, the engine restarted, rolled back and failed
+# --short (CI): a replica killed and one cut off, Redis restarted, rolled back and failed
 # over, with less traffic.
 SHORT = ["kill9", "partition", "redis-restart", "rollback", "sentinel-1"]
 SHORT_DEFAULTS = dict(before=15)
@@ -165,7 +165,7 @@ def fault(name, fleet, traffic, paused):
         time.sleep(2.0)
         notes["to_serving_s"] = fleet.serving_again()
     elif name == "rollback":
-        # What a failover to a lagging Redis replica or a restore from backup does: the engine
+        # What a failover to a lagging Redis replica or a restore from backup does: Redis
         # comes back holding less than it acknowledged (the RDB of 2 s ago, its AOF gone).
         h.redis_command(fleet.redis_port, "SAVE")
         time.sleep(2.0)

@@ -66,7 +66,7 @@ fn state_code(error: &ChangeError) -> Code {
         ChangeError::Gap { .. } => Code::Aborted,
         ChangeError::NotReady
         | ChangeError::Stale { .. }
-        | ChangeError::EventLog(_)
+        | ChangeError::SharedLog(_)
         | ChangeError::LogReset
         | ChangeError::WriterGone
         | ChangeError::LogUnwritable(_)

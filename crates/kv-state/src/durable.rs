@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 
 use crate::dir::StateDir;
 use crate::error::StateError;
-use crate::log::{EventLog, FileLog, LogError};
+use crate::log::{FileLog, StateFileError};
 use crate::meta::Meta;
 use crate::recover::rebuild;
 use crate::settings::{SnapshotMethod, SyncPolicy};
@@ -231,7 +231,7 @@ pub(crate) fn build_snapshot(dir: &Path, from: u64, to: u64) -> Result<Built, St
     let start = Instant::now();
     let base = snapshot::path(dir, from);
     if from > 0 && !base.exists() {
-        return Err(StateError::Log(LogError::Corrupt {
+        return Err(StateError::Log(StateFileError::Corrupt {
             path: base,
             offset: 0,
             what: "the snapshot to build on is gone".into(),
@@ -239,7 +239,7 @@ pub(crate) fn build_snapshot(dir: &Path, from: u64, to: u64) -> Result<Built, St
     }
     let (index, meta, _, replayed) = rebuild(dir, (from > 0).then_some(base.as_path()), Some(to))?;
     if from + replayed != to {
-        return Err(StateError::Log(LogError::Corrupt {
+        return Err(StateError::Log(StateFileError::Corrupt {
             path: dir.to_path_buf(),
             offset: 0,
             what: format!(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kv_index::ValidationError;
 
 use crate::dir::DirError;
-use crate::log::LogError;
+use crate::log::StateFileError;
 use crate::record::RecordError;
 use crate::stream::StreamError;
 
@@ -15,7 +15,7 @@ use crate::stream::StreamError;
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error(transparent)]
-    Log(#[from] LogError),
+    Log(#[from] StateFileError),
     #[error("{path:?}: record {position} does not decode")]
     Record {
         path: PathBuf,
@@ -39,7 +39,7 @@ pub enum StateError {
 }
 
 impl StateError {
-    /// Whether a write found the state directory's disk full ([`LogError::is_disk_full`]).
+    /// Whether a write found the state directory's disk full ([`StateFileError::is_disk_full`]).
     pub fn is_disk_full(&self) -> bool {
         matches!(self, StateError::Log(error) if error.is_disk_full())
     }
@@ -49,7 +49,9 @@ impl StateError {
         matches!(
             self,
             StateError::Log(
-                LogError::Corrupt { .. } | LogError::NewerVersion { .. } | LogError::Gap { .. }
+                StateFileError::Corrupt { .. }
+                    | StateFileError::NewerVersion { .. }
+                    | StateFileError::Gap { .. }
             ) | StateError::Record { .. }
                 | StateError::Invalid { .. }
         )
@@ -93,8 +95,8 @@ pub enum ChangeError {
     )]
     Stale { lag_ms: u64, max_ms: u64 },
     #[error("the shared log cannot be written; retry")]
-    EventLog(#[source] Arc<StreamError>),
-    #[error("the shared log lost this change before it was applied (the engine lost data); retry")]
+    SharedLog(#[source] Arc<StreamError>),
+    #[error("the shared log lost this change before it was applied (Redis lost data); retry")]
     LogReset,
     #[error("the server is stopping")]
     WriterGone,

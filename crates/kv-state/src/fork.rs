@@ -32,7 +32,7 @@ use tracing::warn;
 use kv_index::Index;
 
 use crate::error::StateError;
-use crate::log::LogError;
+use crate::log::StateFileError;
 use crate::meta::Meta;
 use crate::snapshot::{self, Built, TableImage};
 
@@ -227,7 +227,7 @@ impl Child {
     }
 
     fn failed(&self, what: String) -> StateError {
-        StateError::Log(LogError::Corrupt {
+        StateError::Log(StateFileError::Corrupt {
             path: snapshot::path(&self.dir, self.position),
             offset: 0,
             what,

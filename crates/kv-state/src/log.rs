@@ -12,8 +12,7 @@
 //! frames after it, a bad frame in an older segment, a bad header) is corruption, reported with
 //! the file and the byte offset: the log no longer explains the index, so start-up stops.
 //!
-//! The log sits behind [`EventLog`] (append, read from a position, trim), so that a shared log on
-//! another engine can replace the file.
+//! A fleet's replicas share a log on Redis instead (`crate::stream`), with the same records.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
@@ -28,9 +27,10 @@ const FRAME_LEN: usize = 12;
 /// A record larger than this cannot be one we wrote (an apply is at most 8 MiB on the wire).
 pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
 
-/// What can go wrong with the log; every variant names the file.
+/// What can go wrong with a file of the state directory (the log, a snapshot, the directory
+/// itself); every variant names the file.
 #[derive(Debug, thiserror::Error)]
-pub enum LogError {
+pub enum StateFileError {
     #[error("{op} {path:?}")]
     Io {
         op: &'static str,
@@ -52,13 +52,13 @@ pub enum LogError {
     Gap { first: u64, wanted: u64 },
 }
 
-impl LogError {
+impl StateFileError {
     /// Whether this is a write that found no room (ENOSPC, or EDQUOT: over a quota): the
     /// state directory's disk is full, which passes once room is made. A failed sync never is
     /// (what it failed to write back is unknown, so it is not retried).
     pub fn is_disk_full(&self) -> bool {
         match self {
-            LogError::Io { op, source, .. } => {
+            StateFileError::Io { op, source, .. } => {
                 *op != "syncing"
                     && matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
             }
@@ -70,27 +70,12 @@ impl LogError {
 pub(crate) fn io<'a>(
     op: &'static str,
     path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> LogError + 'a {
-    move |source| LogError::Io {
+) -> impl FnOnce(std::io::Error) -> StateFileError + 'a {
+    move |source| StateFileError::Io {
         op,
         path: path.to_path_buf(),
         source,
     }
-}
-
-/// An ordered, durable log of records (opaque bytes), read back from any retained position.
-pub trait EventLog: Send {
-    /// Appends `records` in order and writes them out (not yet synced); returns the position
-    /// of the first.
-    fn append(&mut self, records: &[Vec<u8>]) -> Result<u64, LogError>;
-    /// Makes everything appended so far durable (fdatasync).
-    fn sync(&mut self) -> Result<(), LogError>;
-    /// The position the next record will get.
-    fn end(&self) -> u64;
-    /// Every retained record from `position` on, in order, with its position.
-    fn read_from(&self, position: u64) -> Result<Vec<(u64, Vec<u8>)>, LogError>;
-    /// Forgets the records before `position` (whole segments only: some may remain).
-    fn trim_before(&mut self, position: u64) -> Result<(), LogError>;
 }
 
 /// One segment file on disk.
@@ -101,7 +86,7 @@ pub struct Segment {
 }
 
 /// The segments in `dir`, oldest first.
-pub fn segments(dir: &Path) -> Result<Vec<Segment>, LogError> {
+pub fn segments(dir: &Path) -> Result<Vec<Segment>, StateFileError> {
     Ok(numbered_files(dir, "log-", ".seg")?
         .into_iter()
         .map(|(first, path)| Segment { first, path })
@@ -113,7 +98,7 @@ pub fn numbered_files(
     dir: &Path,
     prefix: &str,
     suffix: &str,
-) -> Result<Vec<(u64, PathBuf)>, LogError> {
+) -> Result<Vec<(u64, PathBuf)>, StateFileError> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io("listing", dir))? {
         let entry = entry.map_err(io("listing", dir))?;
@@ -138,7 +123,7 @@ fn segment_path(dir: &Path, first: u64) -> PathBuf {
 /// The records of one segment, checked. `last` says whether it is the newest segment (where
 /// a torn tail is cut rather than reported); returns the records and the byte length of the
 /// part that checks.
-fn read_segment(segment: &Segment, last: bool) -> Result<(Vec<Vec<u8>>, u64), LogError> {
+fn read_segment(segment: &Segment, last: bool) -> Result<(Vec<Vec<u8>>, u64), StateFileError> {
     let path = &segment.path;
     let file = File::open(path).map_err(io("opening", path))?;
     let size = file
@@ -181,8 +166,8 @@ fn read_segment(segment: &Segment, last: bool) -> Result<(Vec<Vec<u8>>, u64), Lo
     Ok((records, offset))
 }
 
-pub(crate) fn corrupt(path: &Path, offset: u64, what: impl Into<String>) -> LogError {
-    LogError::Corrupt {
+pub(crate) fn corrupt(path: &Path, offset: u64, what: impl Into<String>) -> StateFileError {
+    StateFileError::Corrupt {
         path: path.to_path_buf(),
         offset,
         what: what.into(),
@@ -196,13 +181,13 @@ pub fn check_magic_and_version(
     magic: &[u8; 8],
     newest: u32,
     what: &str,
-) -> Result<(), LogError> {
+) -> Result<(), StateFileError> {
     if bytes.len() < 12 || &bytes[..8] != magic {
         return Err(corrupt(path, 0, format!("not a {what} (bad magic)")));
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
     if version > newest {
-        return Err(LogError::NewerVersion {
+        return Err(StateFileError::NewerVersion {
             path: path.to_path_buf(),
             version,
         });
@@ -210,7 +195,7 @@ pub fn check_magic_and_version(
     Ok(())
 }
 
-fn check_header(path: &Path, header: &[u8], first: u64) -> Result<(), LogError> {
+fn check_header(path: &Path, header: &[u8], first: u64) -> Result<(), StateFileError> {
     check_magic_and_version(path, header, MAGIC, VERSION, "log segment")?;
     let stored = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes"));
     if stored != first {
@@ -293,7 +278,7 @@ pub struct FileLog {
 impl FileLog {
     /// Opens the log in `dir`: checks every segment, cuts a torn tail, and appends after the
     /// last good record (in a new segment when the directory has none).
-    pub fn open(dir: &Path) -> Result<FileLog, LogError> {
+    pub fn open(dir: &Path) -> Result<FileLog, StateFileError> {
         let segments = segments(dir)?;
         let Some(newest) = segments.last() else {
             return FileLog::create(dir, 0);
@@ -325,7 +310,7 @@ impl FileLog {
         Ok(log)
     }
 
-    fn create(dir: &Path, first: u64) -> Result<FileLog, LogError> {
+    fn create(dir: &Path, first: u64) -> Result<FileLog, StateFileError> {
         let path = segment_path(dir, first);
         let mut file = OpenOptions::new()
             .create_new(true)
@@ -356,7 +341,7 @@ impl FileLog {
 
     /// Ends the current segment (synced) and starts a new one at the current end, so that
     /// everything before [`FileLog::end`] is in closed segments.
-    pub fn rotate(&mut self) -> Result<(), LogError> {
+    pub fn rotate(&mut self) -> Result<(), StateFileError> {
         let started = std::time::Instant::now();
         self.sync()?;
         let synced = started.elapsed();
@@ -376,15 +361,19 @@ impl FileLog {
     }
 
     /// Another handle on the segment being appended to (for a syncer thread).
-    pub fn segment_file(&self) -> Result<File, LogError> {
+    pub fn segment_file(&self) -> Result<File, StateFileError> {
         self.file
             .try_clone()
             .map_err(io("duplicating the handle of", &self.path))
     }
 }
 
-impl EventLog for FileLog {
-    fn append(&mut self, records: &[Vec<u8>]) -> Result<u64, LogError> {
+/// The log's operations: records (opaque bytes) appended in order, made durable, read back
+/// from any retained position, trimmed.
+impl FileLog {
+    /// Appends `records` in order and writes them out (not yet synced); returns the position
+    /// of the first.
+    pub fn append(&mut self, records: &[Vec<u8>]) -> Result<u64, StateFileError> {
         let first = self.end;
         self.buffer.clear();
         for record in records {
@@ -404,19 +393,23 @@ impl EventLog for FileLog {
         Ok(first)
     }
 
-    fn sync(&mut self) -> Result<(), LogError> {
+    /// Makes everything appended so far durable (fdatasync).
+    pub fn sync(&mut self) -> Result<(), StateFileError> {
         self.file.sync_data().map_err(io("syncing", &self.path))
     }
 
-    fn end(&self) -> u64 {
+    /// The position the next record will get.
+    pub fn end(&self) -> u64 {
         self.end
     }
 
-    fn read_from(&self, position: u64) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+    /// Every retained record from `position` on, in order, with its position.
+    pub fn read_from(&self, position: u64) -> Result<Vec<(u64, Vec<u8>)>, StateFileError> {
         read_dir_from(&self.dir, position, None)
     }
 
-    fn trim_before(&mut self, position: u64) -> Result<(), LogError> {
+    /// Forgets the records before `position` (whole segments only: some may remain).
+    pub fn trim_before(&mut self, position: u64) -> Result<(), StateFileError> {
         trim_dir_before(&self.dir, position)
     }
 }
@@ -425,7 +418,7 @@ impl EventLog for FileLog {
 /// a segment starting at or before it (so never the newest one, the one being appended to).
 /// The writer never rotates while this runs: it rotates only once the snapshot builder that
 /// prunes has finished, and at shutdown it joins the builder first.
-pub fn trim_dir_before(dir: &Path, position: u64) -> Result<(), LogError> {
+pub fn trim_dir_before(dir: &Path, position: u64) -> Result<(), StateFileError> {
     let segments = segments(dir)?;
     for pair in segments.windows(2) {
         // A segment holds the records up to the next one's first.
@@ -442,7 +435,7 @@ pub fn read_dir_from(
     dir: &Path,
     position: u64,
     until: Option<u64>,
-) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+) -> Result<Vec<(u64, Vec<u8>)>, StateFileError> {
     let segments = segments(dir)?;
     let mut out = Vec::new();
     let mut expected = None;
@@ -468,7 +461,7 @@ pub fn read_dir_from(
         }
         let (records, _) = read_segment(segment, next_first.is_none())?;
         if out.is_empty() && segment.first > position {
-            return Err(LogError::Gap {
+            return Err(StateFileError::Gap {
                 first: segment.first,
                 wanted: position,
             });
@@ -485,7 +478,7 @@ pub fn read_dir_from(
 }
 
 /// Makes a directory's entries (a new or renamed file) durable.
-pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
+pub fn sync_dir(dir: &Path) -> Result<(), StateFileError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io("syncing the directory", dir))
@@ -618,7 +611,7 @@ mod tests {
         drop(log);
         flip_last_byte(&dir);
         let error = FileLog::open(&dir).unwrap().read_from(0).unwrap_err();
-        assert!(matches!(error, LogError::Corrupt { .. }), "{error}");
+        assert!(matches!(error, StateFileError::Corrupt { .. }), "{error}");
     }
 
     #[test]
@@ -647,7 +640,7 @@ mod tests {
         assert!(
             matches!(
                 gap,
-                LogError::Gap {
+                StateFileError::Gap {
                     first: 3,
                     wanted: 1
                 }

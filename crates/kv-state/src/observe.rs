@@ -30,7 +30,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "kv_indexer_event_log_append_failures_total",
-        "Groups of changes the shared log refused (the engine unreachable, or fewer replicas than required)",
+        "Groups of changes the shared log refused (Redis unreachable, or fewer replicas than required)",
     ),
     (
         "kv_indexer_fleet_rebootstraps_total",
@@ -46,7 +46,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "kv_indexer_fleet_entries_lost_total",
-        "Entries a replica had applied that the shared log lost (a rolled-back engine)",
+        "Entries a replica had applied that the shared log lost (Redis rolled back)",
     ),
 ];
 
@@ -85,7 +85,7 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     (
         "kv_indexer_fleet_lag_seconds",
-        "Seconds since this replica last knew it had applied the whole shared log (rises while the engine is unreachable)",
+        "Seconds since this replica last knew it had applied the whole shared log (rises while Redis is unreachable)",
     ),
     (
         "kv_indexer_state_unwritable",
@@ -165,7 +165,7 @@ pub fn index_size(stats: IndexStats, live_workers: usize) {
     metrics::gauge!("kv_indexer_workers").set(live_workers as f64);
 }
 
-/// A group of changes the shared log refused (the engine unreachable).
+/// A group of changes the shared log refused (Redis unreachable).
 pub fn event_log_append_failed() {
     metrics::counter!("kv_indexer_event_log_append_failures_total").increment(1);
 }
@@ -181,7 +181,7 @@ pub fn fleet_entry_skipped() {
 }
 
 /// A replica's lag behind the shared log, in time: set by whoever watches its freshness (the
-/// server's health watch), so that it rises while the engine is unreachable too.
+/// server's health watch), so that it rises while Redis is unreachable too.
 pub fn fleet_lag(lag_ms: u64) {
     metrics::gauge!("kv_indexer_fleet_lag_seconds").set(lag_ms as f64 / 1000.0);
 }
@@ -196,7 +196,7 @@ pub fn sequence_gap() {
     metrics::counter!("kv_indexer_sequence_gaps_total").increment(1);
 }
 
-/// Entries a replica had applied that the shared log lost (a rolled-back engine).
+/// Entries a replica had applied that the shared log lost (Redis rolled back).
 pub fn fleet_entries_lost(entries: u64) {
     metrics::counter!("kv_indexer_fleet_entries_lost_total").increment(entries);
 }

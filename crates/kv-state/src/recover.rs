@@ -9,7 +9,7 @@ use crate::apply::apply_record;
 use crate::clock::now_ms;
 use crate::dir::StateDir;
 use crate::error::StateError;
-use crate::log::{self, EventLog, FileLog, LogError};
+use crate::log::{self, FileLog, StateFileError};
 use crate::meta::Meta;
 use crate::record::Record;
 use crate::snapshot;
@@ -32,7 +32,7 @@ pub fn recover(dir: &Path) -> Result<Recovered, StateError> {
     let log = FileLog::open(dir)?;
     let (index, meta, position, replayed) = rebuild(dir, newest.as_deref(), None)?;
     if log.end() < position {
-        return Err(StateError::Log(LogError::Corrupt {
+        return Err(StateError::Log(StateFileError::Corrupt {
             path: dir.to_path_buf(),
             offset: 0,
             what: format!(

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use kv_index::{CacheSpec, Export, ExportedWorker, Held, ImageError, ImageInput, Index};
 
-use crate::log::{LogError, corrupt, io, sync_dir};
+use crate::log::{StateFileError, corrupt, io, sync_dir};
 use crate::meta::{Meta, WorkerMeta};
 use file::{Summed, Trickle};
 
@@ -47,7 +47,7 @@ pub struct Contents {
 }
 
 /// The snapshot files in `dir`, oldest first, as (position, path).
-pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
+pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StateFileError> {
     crate::log::numbered_files(dir, "snapshot-", ".snap")
 }
 
@@ -94,7 +94,7 @@ pub(crate) struct Built {
 
 /// Writes the snapshot of `index` and `meta` at `position` into `dir`, streamed (tmp, sync,
 /// rename, sync the directory); returns its size in bytes.
-pub fn write(dir: &Path, position: u64, index: &Index, meta: &Meta) -> Result<u64, LogError> {
+pub fn write(dir: &Path, position: u64, index: &Index, meta: &Meta) -> Result<u64, StateFileError> {
     let written = write_tmp(dir, position, index, meta, true, TableImage::Own)?;
     publish(dir, position, true)?;
     Ok(written)
@@ -109,7 +109,7 @@ pub(crate) fn write_tmp(
     meta: &Meta,
     trickle: bool,
     table: TableImage,
-) -> Result<u64, LogError> {
+) -> Result<u64, StateFileError> {
     let tmp = tmp_path(dir, position);
     let file = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
     let mut out = BufWriter::with_capacity(IO_BUFFER, Trickle::new(file, trickle));
@@ -127,7 +127,7 @@ pub(crate) fn write_tmp(
 /// Makes the temporary file [`write_tmp`] wrote the snapshot at `position`: its pages written
 /// back [`TRICKLE`] bytes at a time unless already `written_back`, synced, renamed, and the
 /// directory synced.
-pub(crate) fn publish(dir: &Path, position: u64, written_back: bool) -> Result<(), LogError> {
+pub(crate) fn publish(dir: &Path, position: u64, written_back: bool) -> Result<(), StateFileError> {
     let (tmp, target) = (tmp_path(dir, position), path(dir, position));
     (|| {
         let file = std::fs::OpenOptions::new().write(true).open(&tmp)?;
@@ -158,7 +158,7 @@ pub fn to_bytes(position: u64, index: &Index, meta: &Meta) -> Vec<u8> {
 
 /// Writes the snapshot file `bytes` (of the snapshot at `position`) into `dir`: tmp, sync,
 /// rename, sync the directory.
-pub fn write_bytes(dir: &Path, position: u64, bytes: &[u8]) -> Result<(), LogError> {
+pub fn write_bytes(dir: &Path, position: u64, bytes: &[u8]) -> Result<(), StateFileError> {
     let target = path(dir, position);
     let tmp = target.with_extension("snap.tmp");
     {
@@ -240,7 +240,7 @@ fn put_meta(out: &mut Vec<u8>, meta: &WorkerMeta) {
 }
 
 /// Reads and checks the snapshot at `path`.
-pub fn read(path: &Path) -> Result<Contents, LogError> {
+pub fn read(path: &Path) -> Result<Contents, StateFileError> {
     let mut file = std::fs::File::open(path).map_err(io("reading", path))?;
     let mut head = Vec::with_capacity(HEADER_LEN);
     (&mut file)
@@ -265,7 +265,7 @@ pub fn read(path: &Path) -> Result<Contents, LogError> {
 
 /// Checks and decodes a whole snapshot file's `bytes`; `origin` names where they came from in
 /// errors.
-pub fn from_bytes(origin: &Path, bytes: &[u8]) -> Result<Contents, LogError> {
+pub fn from_bytes(origin: &Path, bytes: &[u8]) -> Result<Contents, StateFileError> {
     let header = check_header(origin, bytes)?;
     let payload = &bytes[HEADER_LEN..];
     if header.version >= 3 {
@@ -300,7 +300,7 @@ struct Header {
 
 impl Header {
     /// Checks a payload's length and checksum against the header's.
-    fn check(&self, path: &Path, len: u64, crc: u32) -> Result<(), LogError> {
+    fn check(&self, path: &Path, len: u64, crc: u32) -> Result<(), StateFileError> {
         if len != self.len {
             return Err(corrupt(
                 path,
@@ -319,7 +319,7 @@ impl Header {
     }
 }
 
-fn check_header(path: &Path, bytes: &[u8]) -> Result<Header, LogError> {
+fn check_header(path: &Path, bytes: &[u8]) -> Result<Header, StateFileError> {
     crate::log::check_magic_and_version(path, bytes, MAGIC, VERSION, "snapshot")?;
     if bytes.len() < HEADER_LEN {
         return Err(corrupt(path, 0, "a snapshot header cut short"));
@@ -342,7 +342,7 @@ fn read_payload(
     header: &Header,
     size: u64,
     input: impl Read,
-) -> Result<Contents, LogError> {
+) -> Result<Contents, StateFileError> {
     // Bounded by what the file holds too: the header's length is only checked at the end.
     let mut input = ImageInput::new(Summed::new(input), header.len.min(size));
     let parsed = read_meta_section(&mut input).and_then(|meta| {
@@ -654,7 +654,7 @@ pub(crate) mod tests {
         let bytes = to_bytes(3, &index, &meta);
         let origin = Path::new("snapshot-under-test");
         let refused = |damaged: &[u8], what: &str| match from_bytes(origin, damaged) {
-            Err(LogError::Corrupt { path, .. }) => assert_eq!(path, origin, "{what}"),
+            Err(StateFileError::Corrupt { path, .. }) => assert_eq!(path, origin, "{what}"),
             other => panic!("{what}: {other:?}"),
         };
         for cut in HEADER_LEN..bytes.len() {

@@ -27,7 +27,6 @@ use crate::cell::{Changing, IndexWriter};
 use crate::clock::now_ms;
 use crate::durable::{Building, Durable, WriteState, build_snapshot, prune, write_snapshot};
 use crate::error::{ChangeError, StateError};
-use crate::log::EventLog;
 use crate::meta::{ExpiryGuard, Gate, Meta, WorkerMeta, admit, due_for_expiry};
 use crate::record::{Change, Record};
 use crate::settings::SnapshotMethod;

@@ -1,5 +1,5 @@
 //! Replicas on a shared Redis stream behind the gRPC face, in-process against a real
-//! `redis-server`: they converge to one index over gRPC, and an engine outage is what a client
+//! `redis-server`: they converge to one index over gRPC, and a Redis outage is what a client
 //! sees as UNAVAILABLE, for applies at once and for queries once the replica is staler than its
 //! bound. What the fleet itself does (catching up, bootstrapping from a published snapshot, a
 //! lost log, expiry, the convergence property test) is tested through the state's own API in
@@ -100,7 +100,7 @@ async fn replicas_converge_and_an_answered_apply_is_already_in_the_answering_rep
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_outage_is_unavailable_to_applies_at_once_and_to_queries_past_the_lag_bound() {
+async fn a_redis_outage_is_unavailable_to_applies_at_once_and_to_queries_past_the_lag_bound() {
     let Some(mut redis) = RedisServer::start(false) else {
         return;
     };

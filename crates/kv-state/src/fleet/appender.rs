@@ -1,6 +1,6 @@
 //! The appender: takes the service's jobs (the same `Writer` handle as a single server) and
 //! appends each group to the shared stream with one pipelined `XADD` round trip. It never
-//! touches the index: each job waits for the applier to reach its entry. An engine that cannot
+//! touches the index: each job waits for the applier to reach its entry. A Redis that cannot
 //! be reached answers UNAVAILABLE; the bridges queue and retry.
 
 use std::sync::Arc;
@@ -109,7 +109,7 @@ impl Appender {
                 crate::observe::event_log_append_failed();
                 let error = Arc::new(error);
                 self.waiters
-                    .refuse(&numbers, || ChangeError::EventLog(error.clone()));
+                    .refuse(&numbers, || ChangeError::SharedLog(error.clone()));
             }
         }
     }

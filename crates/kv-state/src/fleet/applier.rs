@@ -3,7 +3,7 @@
 //! that every replica decides alike, and answers the jobs this replica appended. Before it
 //! applies what a read brought (and once a second when idle) it reads the last entry applied
 //! again, to notice a log that lost entries and refilled their positions; the blocking read
-//! itself starts past it, so that an idle replica waits in the engine. Its bootstrap and its upkeep are `bootstrap` and `maintenance`.
+//! itself starts past it, so that an idle replica waits in Redis. Its bootstrap and its upkeep are `bootstrap` and `maintenance`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +27,7 @@ use crate::stream::{Entry, READ_BLOCK, Stream, StreamConfig, StreamError};
 
 /// Entries one read takes at most.
 const READ_COUNT: usize = 1024;
-/// The longest wait between attempts to reach the engine: a Redis back from a restart is
+/// The longest wait between attempts to reach Redis: a Redis back from a restart is
 /// found within this.
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// How often the applier checks the log's identity and the lease.
@@ -76,22 +76,22 @@ pub(super) struct Applier {
 
 /// Why the applier starts over.
 pub(super) enum Restart {
-    /// The engine failed; retry from the same position.
-    Engine(StreamError),
+    /// Redis failed; retry from the same position.
+    Redis(StreamError),
     /// The log no longer explains the index: bootstrap again.
     Rebootstrap(String),
 }
 
 impl From<StreamError> for Restart {
     fn from(error: StreamError) -> Restart {
-        Restart::Engine(error)
+        Restart::Redis(error)
     }
 }
 
 impl Applier {
     pub(super) fn run(mut self) -> Applier {
         let mut backoff = Duration::from_millis(50);
-        // Since when the engine has been unreachable, and how many attempts have failed.
+        // Since when Redis has been unreachable, and how many attempts have failed.
         let mut outage: Option<(Instant, u64)> = None;
         while !self.stop.load(Ordering::Acquire) {
             match self.step() {
@@ -104,7 +104,7 @@ impl Applier {
                         );
                     }
                 }
-                Err(Restart::Engine(error)) => {
+                Err(Restart::Redis(error)) => {
                     self.stream = None;
                     self.lease = false;
                     let (_, attempts) = outage.get_or_insert((Instant::now(), 0));
@@ -158,7 +158,7 @@ impl Applier {
             self.last_upkeep = Some(Instant::now());
         }
         let stream = self.stream.as_mut().expect("connected above");
-        // Blocks in the engine until an entry past the last one applied exists (an idle
+        // Blocks in Redis until an entry past the last one applied exists (an idle
         // replica costs one read per READ_BLOCK). The entry last applied is checked apart.
         let entries = stream.read_from(self.next, READ_COUNT, Some(READ_BLOCK))?;
         let read_at = now_ms();
@@ -223,7 +223,7 @@ impl Applier {
                 let was = origin.clone();
                 self.note_rollback(last);
                 Err(Restart::Rebootstrap(format!(
-                    "the entry at position {last} is now {now}'s, not {was}'s: the engine lost entries and others took their places"
+                    "the entry at position {last} is now {now}'s, not {was}'s: Redis lost entries and others took their places"
                 )))
             }
             _ => Ok(()),

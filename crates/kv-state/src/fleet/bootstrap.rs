@@ -46,7 +46,7 @@ impl Applier {
                     bytes: Arc::new(bytes),
                 }),
                 // Replaced while we read it: the next step tries again.
-                None => return Err(Restart::Engine(stream_gone(&self.config))),
+                None => return Err(Restart::Redis(stream_gone(&self.config))),
             },
             (local, None) => local,
         };

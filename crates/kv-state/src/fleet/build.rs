@@ -11,7 +11,7 @@ use tracing::info;
 
 use crate::apply::apply_record;
 use crate::error::StateError;
-use crate::log::LogError;
+use crate::log::StateFileError;
 use crate::meta::Meta;
 use crate::record::Record;
 use crate::snapshot;
@@ -31,7 +31,7 @@ pub(super) fn write_local(
     bytes: &[u8],
 ) -> Result<(), StateError> {
     std::fs::create_dir_all(dir).map_err(|source| {
-        StateError::Log(LogError::Io {
+        StateError::Log(StateFileError::Io {
             op: "creating",
             path: dir.to_path_buf(),
             source,
@@ -149,13 +149,13 @@ impl Build {
     fn build(self) -> Result<Base, StateError> {
         let started = Instant::now();
         let origin = PathBuf::from(format!("{}:snapshot", self.config.key));
-        let engine = |error: StreamError| StateError::Fleet(Arc::new(error));
-        let mut stream = self.config.connect().map_err(engine)?;
+        let fleet_error = |error: StreamError| StateError::Fleet(Arc::new(error));
+        let mut stream = self.config.connect().map_err(fleet_error)?;
         // Twice: the lease holder may trim the stream past our base while we read it; the
         // second try builds on the snapshot it published.
         let mut built = None;
         for _ in 0..2 {
-            let base = self.base_for(&mut stream).map_err(engine)?;
+            let base = self.base_for(&mut stream).map_err(fleet_error)?;
             if let Some(state) = self.replay(&mut stream, base.as_ref(), &origin)? {
                 built = Some(state);
                 break;
@@ -175,7 +175,7 @@ impl Build {
         let published = self.publish
             && stream
                 .publish(&self.replica, &self.epoch, self.to, &bytes)
-                .map_err(engine)?;
+                .map_err(fleet_error)?;
         crate::observe::snapshot_written(bytes.len() as u64, started.elapsed());
         info!(
             position = self.to,

@@ -26,7 +26,7 @@ impl Applier {
         let epoch = stream.current_epoch()?;
         if epoch != self.epoch {
             return Err(Restart::Rebootstrap(format!(
-                "the stream's epoch is {epoch:?}, not {:?}: the engine lost the log",
+                "the stream's epoch is {epoch:?}, not {:?}: Redis lost the log",
                 self.epoch
             )));
         }
@@ -46,7 +46,7 @@ impl Applier {
         if tail < self.next {
             self.note_rollback(tail);
             return Err(Restart::Rebootstrap(format!(
-                "the stream ends at position {tail}, before this replica's {}: the engine lost entries",
+                "the stream ends at position {tail}, before this replica's {}: Redis lost entries",
                 self.next
             )));
         }

@@ -7,7 +7,7 @@
 //!   and appends each group with one pipelined `XADD` round trip. It does not touch the index:
 //!   each job waits, under its own number, until the applier reaches its entry, and is answered
 //!   with what applying it did (read-your-writes: an answered apply is in this replica's index).
-//!   An engine that cannot be reached answers UNAVAILABLE; the bridges queue and retry.
+//!   A Redis that cannot be reached answers UNAVAILABLE; the bridges queue and retry.
 //! - the **applier** reads the stream (`XREAD BLOCK` from its position: no consumer group,
 //!   every replica needs every entry) and applies every entry in order, fencing in log order
 //!   so all replicas decide alike. It also runs the replica's upkeep: it checks that the log
@@ -78,7 +78,7 @@ pub fn start(
     );
     if snapshot_interval.is_none() {
         warn!(
-            "KV_INDEXER_SNAPSHOT_INTERVAL_S is 0: this replica never publishes a snapshot, so under its lease the stream is never trimmed and grows in the engine's memory"
+            "KV_INDEXER_SNAPSHOT_INTERVAL_S is 0: this replica never publishes a snapshot, so under its lease the stream is never trimmed and grows in Redis's memory"
         );
     }
     let applier = Applier {

@@ -1,4 +1,4 @@
-//! A rolled-back shared log: the engine came back without entries this replica had applied (a
+//! A rolled-back shared log: Redis came back without entries this replica had applied (a
 //! failover to a lagging Redis replica, a restore from an older save). What the replica knew
 //! before tells which workers those entries were for: their placements may describe a past
 //! the worker has left, so they are cleared through the log (`maintenance`), and their

@@ -10,7 +10,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 /// Where the shared log is and how to reach it.
 #[derive(Clone)]
 pub struct StreamConfig {
-    pub(super) target: Engine,
+    pub(super) target: Target,
     /// Where the client connects, kept to rebuild it with a CA of its own.
     info: redis::ConnectionInfo,
     /// The URL without credentials, for messages.
@@ -20,9 +20,9 @@ pub struct StreamConfig {
     pub(super) min_replicas: u32,
 }
 
-/// How a connection finds the engine.
+/// How a connection finds Redis.
 #[derive(Clone)]
-pub(super) enum Engine {
+pub(super) enum Target {
     /// One address.
     Direct(Box<redis::Client>),
     /// The primary the sentinels name now, asked at every connection: a replica follows a
@@ -30,12 +30,12 @@ pub(super) enum Engine {
     Sentinel(Arc<Mutex<SentinelClient>>),
 }
 
-impl Engine {
-    /// A client for the engine's primary now.
+impl Target {
+    /// A client for Redis's primary now.
     pub(super) fn client(&self) -> redis::RedisResult<redis::Client> {
         match self {
-            Engine::Direct(client) => Ok(client.as_ref().clone()),
-            Engine::Sentinel(sentinel) => sentinel.lock().get_client(),
+            Target::Direct(client) => Ok(client.as_ref().clone()),
+            Target::Sentinel(sentinel) => sentinel.lock().get_client(),
         }
     }
 }
@@ -108,8 +108,8 @@ impl StreamConfig {
             }
             None => info,
         };
-        let engine = match master {
-            None => Engine::Direct(Box::new(redis::Client::open(info.clone()).map_err(bad)?)),
+        let target = match master {
+            None => Target::Direct(Box::new(redis::Client::open(info.clone()).map_err(bad)?)),
             Some(master) => {
                 let node = SentinelNodeConnectionInfo::default()
                     .set_redis_connection_info(info.redis_settings().clone());
@@ -120,11 +120,11 @@ impl StreamConfig {
                     SentinelServerType::Master,
                 )
                 .map_err(bad)?;
-                Engine::Sentinel(Arc::new(Mutex::new(client)))
+                Target::Sentinel(Arc::new(Mutex::new(client)))
             }
         };
         Ok(StreamConfig {
-            target: engine,
+            target,
             info,
             url: redact(url),
             key: key.to_owned(),
@@ -158,7 +158,7 @@ impl StreamConfig {
         };
         let client = redis::Client::build_with_tls(self.info.clone(), certificates)
             .map_err(StreamConfigError::Ca)?;
-        self.target = Engine::Direct(Box::new(client));
+        self.target = Target::Direct(Box::new(client));
         Ok(self)
     }
 

@@ -3,7 +3,7 @@
 //! snapshot).
 //!
 //! Keys, for a stream key `K` (`KV_INDEXER_EVENT_LOG_KEY`):
-//! - `K`: the stream. Entries get ids `0-1`, `0-2`, … (`XADD K 0-*`: the engine picks the next
+//! - `K`: the stream. Entries get ids `0-1`, `0-2`, … (`XADD K 0-*`: Redis picks the next
 //!   sequence number, so appends from every replica interleave into one order with no gaps).
 //!   The record at log position `p` has id `0-(p+1)`. An entry's fields: `r`, the replica that
 //!   accepted it and its own counter (`<replica>:<n>`, so that replica answers the caller once
@@ -34,18 +34,18 @@ pub const CHUNK_BYTES: usize = 4 << 20;
 const UNPUBLISHED_CHUNK_TTL: Duration = Duration::from_secs(600);
 /// How long the maintenance lease lasts without renewal.
 pub const LEASE: Duration = Duration::from_secs(5);
-/// Longest wait of one blocking read: the replica checks on the engine at least this often.
+/// Longest wait of one blocking read: the replica checks on Redis at least this often.
 pub const READ_BLOCK: Duration = Duration::from_millis(100);
-/// A reply slower than this is an engine failure (a partition), not a slow answer.
+/// A reply slower than this is a Redis failure (a partition), not a slow answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest an append waits for its Redis replicas (`KV_INDEXER_EVENT_LOG_MIN_REPLICAS`).
 pub const REPLICA_WAIT: Duration = Duration::from_secs(1);
 
-/// What went wrong talking to the engine.
+/// What went wrong talking to Redis.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     #[error("the shared log at {url}: {op}")]
-    Engine {
+    Redis {
         url: String,
         op: &'static str,
         #[source]
@@ -96,21 +96,21 @@ impl StreamConfig {
             .target
             .client()
             .and_then(|client| client.get_connection_with_timeout(IO_TIMEOUT))
-            .map_err(self.engine("connecting"))?;
+            .map_err(self.redis_error("connecting"))?;
         connection
             .set_read_timeout(Some(IO_TIMEOUT + READ_BLOCK))
-            .map_err(self.engine("setting the read timeout"))?;
+            .map_err(self.redis_error("setting the read timeout"))?;
         connection
             .set_write_timeout(Some(IO_TIMEOUT))
-            .map_err(self.engine("setting the write timeout"))?;
+            .map_err(self.redis_error("setting the write timeout"))?;
         Ok(Stream {
             connection,
             config: self.clone(),
         })
     }
 
-    fn engine(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> StreamError + '_ {
-        move |source| StreamError::Engine {
+    fn redis_error(&self, op: &'static str) -> impl FnOnce(redis::RedisError) -> StreamError + '_ {
+        move |source| StreamError::Redis {
             url: self.url.clone(),
             op,
             source,
@@ -151,7 +151,7 @@ impl Stream {
         }
         let mut answers: Vec<Value> = pipe
             .query(&mut self.connection)
-            .map_err(self.config.engine("appending (XADD)"))?;
+            .map_err(self.config.redis_error("appending (XADD)"))?;
         if wanted > 0 {
             let acked = match answers.pop() {
                 Some(Value::Int(acked)) => acked,
@@ -196,7 +196,7 @@ impl Stream {
         command.arg("STREAMS").arg(&self.config.key).arg(after);
         let reply: Value = command
             .query(&mut self.connection)
-            .map_err(self.config.engine("reading (XREAD)"))?;
+            .map_err(self.config.redis_error("reading (XREAD)"))?;
         let entries = match reply {
             Value::Nil => return Ok(Vec::new()),
             Value::Array(mut streams) if streams.len() == 1 => match streams.pop() {
@@ -286,7 +286,7 @@ impl Stream {
             .arg("COUNT")
             .arg(1)
             .query(&mut self.connection)
-            .map_err(self.config.engine("reading the stream's bounds"))?;
+            .map_err(self.config.redis_error("reading the stream's bounds"))?;
         match reply.first() {
             None => Ok(None),
             Some((id, _)) => position_of(id)
@@ -303,11 +303,11 @@ impl Stream {
             .arg(candidate)
             .arg("NX")
             .query(&mut self.connection)
-            .map_err(self.config.engine("setting the epoch"))?;
+            .map_err(self.config.redis_error("setting the epoch"))?;
         let epoch: Option<String> = self
             .connection
             .get(&key)
-            .map_err(self.config.engine("reading the epoch"))?;
+            .map_err(self.config.redis_error("reading the epoch"))?;
         epoch.ok_or_else(|| self.unexpected("the epoch key vanished right after it was set"))
     }
 
@@ -315,7 +315,7 @@ impl Stream {
     pub fn current_epoch(&mut self) -> Result<Option<String>, StreamError> {
         self.connection
             .get(self.key("epoch"))
-            .map_err(self.config.engine("reading the epoch"))
+            .map_err(self.config.redis_error("reading the epoch"))
     }
 
     /// Takes or renews the maintenance lease for `replica`; whether it holds it now.
@@ -337,7 +337,7 @@ impl Stream {
             .arg(replica)
             .arg(LEASE.as_millis() as u64)
             .invoke(&mut self.connection)
-            .map_err(self.config.engine("taking the lease"))?;
+            .map_err(self.config.redis_error("taking the lease"))?;
         Ok(held == 1)
     }
 
@@ -352,7 +352,7 @@ impl Stream {
             .key(self.key("lease"))
             .arg(replica)
             .invoke(&mut self.connection)
-            .map_err(self.config.engine("releasing the lease"))?;
+            .map_err(self.config.redis_error("releasing the lease"))?;
         Ok(())
     }
 
@@ -361,7 +361,7 @@ impl Stream {
         let fields: std::collections::HashMap<String, String> = self
             .connection
             .hgetall(self.key("snapshot"))
-            .map_err(self.config.engine("reading the published snapshot"))?;
+            .map_err(self.config.redis_error("reading the published snapshot"))?;
         if fields.is_empty() {
             return Ok(None);
         }
@@ -388,13 +388,13 @@ impl Stream {
     /// The bytes of the published snapshot `published`; none when its chunks are gone (a
     /// newer one replaced it meanwhile).
     pub fn fetch(&mut self, published: &Published) -> Result<Option<Vec<u8>>, StreamError> {
-        // A size read from the engine is a hint, not a promise: capped.
+        // A size read from Redis is a hint, not a promise: capped.
         let mut bytes = Vec::with_capacity(published.bytes.min(1 << 30) as usize);
         for i in 0..published.chunks {
             let chunk: Option<Vec<u8>> = self
                 .connection
                 .get(self.key(&format!("snapshot:{}:{i}", published.position)))
-                .map_err(self.config.engine("reading a snapshot chunk"))?;
+                .map_err(self.config.redis_error("reading a snapshot chunk"))?;
             match chunk {
                 Some(chunk) => bytes.extend_from_slice(&chunk),
                 None => return Ok(None),
@@ -407,7 +407,7 @@ impl Stream {
     /// lease and nothing newer is published, deletes the one it replaces and trims the stream
     /// below that one (not below the new one: a replica cut off while the new one was built
     /// still finds the entries after its position, at the price of about two snapshot
-    /// intervals of stream in the engine instead of one). Whether it was published.
+    /// intervals of stream in Redis instead of one). Whether it was published.
     pub fn publish(
         &mut self,
         replica: &str,
@@ -452,7 +452,7 @@ impl Stream {
             .ignore();
         }
         pipe.query::<()>(&mut self.connection)
-            .map_err(self.config.engine("writing snapshot chunks"))
+            .map_err(self.config.redis_error("writing snapshot chunks"))
     }
 
     /// Describes the written chunks as the published snapshot, in one script that checks the
@@ -492,7 +492,7 @@ impl Stream {
             .arg(bytes)
             .arg(self.key(&format!("snapshot:{position}:")))
             .invoke(&mut self.connection)
-            .map_err(self.config.engine("publishing the snapshot"))?;
+            .map_err(self.config.redis_error("publishing the snapshot"))?;
         Ok(match answer.as_slice() {
             [1] => Some(None),
             [1, old_position, old_chunks] => Some(Some((*old_position as u64, *old_chunks as u64))),
@@ -510,12 +510,12 @@ impl Stream {
         let _: i64 = self
             .connection
             .del(keys)
-            .map_err(self.config.engine("deleting an old snapshot"))?;
+            .map_err(self.config.redis_error("deleting an old snapshot"))?;
         Ok(())
     }
 
     /// Trims the entries a snapshot at `position` covers, keeping the newest of them
-    /// (`position - 1`), so the stream's tail stays readable. Approximate (`~`): the engine
+    /// (`position - 1`), so the stream's tail stays readable. Approximate (`~`): Redis
     /// trims whole nodes only, quickly, and may keep a few more entries; never fewer.
     fn trim_below(&mut self, position: u64) -> Result<(), StreamError> {
         let _: i64 = redis::cmd("XTRIM")
@@ -524,11 +524,11 @@ impl Stream {
             .arg("~")
             .arg(id(position - 1))
             .query(&mut self.connection)
-            .map_err(self.config.engine("trimming (XTRIM)"))?;
+            .map_err(self.config.redis_error("trimming (XTRIM)"))?;
         Ok(())
     }
 
-    /// Bytes the engine uses for the stream (`MEMORY USAGE`).
+    /// Bytes Redis uses for the stream (`MEMORY USAGE`).
     pub fn memory(&mut self) -> Result<u64, StreamError> {
         let bytes: Option<u64> = redis::cmd("MEMORY")
             .arg("USAGE")
@@ -536,7 +536,7 @@ impl Stream {
             .arg("SAMPLES")
             .arg(0)
             .query(&mut self.connection)
-            .map_err(self.config.engine("MEMORY USAGE"))?;
+            .map_err(self.config.redis_error("MEMORY USAGE"))?;
         Ok(bytes.unwrap_or(0))
     }
 

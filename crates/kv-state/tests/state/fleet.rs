@@ -2,8 +2,8 @@
 //! `redis-server`: they converge to one index, an answered apply is already in the answering
 //! replica's index, a restarted or new replica catches up (from its own snapshot, or a
 //! published one after the stream was trimmed), a lost log (`FLUSHALL`) makes every replica
-//! start over, an engine outage refuses applies but keeps answering queries until the lag
-//! bound, an idle fleet costs the engine a few commands a second, worker expiry is decided
+//! start over, a Redis outage refuses applies but keeps answering queries until the lag
+//! bound, an idle fleet costs Redis a few commands a second, worker expiry is decided
 //! once, an operator's drop reaches every replica, and a property test: applies sent to random replicas leave every replica equal to one
 //! index given the same applies in the order they were answered.
 
@@ -128,9 +128,9 @@ async fn replicas_converge_and_an_answered_apply_is_already_in_the_answering_rep
     b.stop().await;
 }
 
-/// The commands the engine has answered since its statistics were last reset
+/// The commands Redis has answered since its statistics were last reset
 /// (`INFO commandstats`: `cmdstat_<name>:calls=<n>,…` per command).
-fn engine_calls(redis: &RedisServer) -> Vec<(String, u64)> {
+fn redis_calls(redis: &RedisServer) -> Vec<(String, u64)> {
     let info = match redis.command(&["INFO", "commandstats"]) {
         redis::Value::BulkString(bytes) => String::from_utf8(bytes).unwrap(),
         redis::Value::VerbatimString { text, .. } => text,
@@ -150,11 +150,11 @@ fn engine_calls(redis: &RedisServer) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// An idle fleet waits in the engine: two replicas at the stream's head, with no traffic,
-/// cost the engine a few commands a second each (a blocking read per 100 ms, the upkeep once
+/// An idle fleet waits in Redis: two replicas at the stream's head, with no traffic,
+/// cost Redis a few commands a second each (a blocking read per 100 ms, the upkeep once
 /// a second), not a read answered at once in a loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_fleet_costs_the_engine_a_few_commands_a_second_per_replica() {
+async fn an_idle_fleet_costs_redis_a_few_commands_a_second_per_replica() {
     let Some(redis) = RedisServer::start(true) else {
         return;
     };
@@ -172,7 +172,7 @@ async fn an_idle_fleet_costs_the_engine_a_few_commands_a_second_per_replica() {
     let idle = Duration::from_secs(3);
     let start = std::time::Instant::now();
     tokio::time::sleep(idle).await;
-    let calls = engine_calls(&redis);
+    let calls = redis_calls(&redis);
     let seconds = start.elapsed().as_secs_f64();
     let total: u64 = calls.iter().map(|(_, n)| n).sum();
     let per_replica_per_second = total as f64 / seconds / 2.0;
@@ -181,7 +181,7 @@ async fn an_idle_fleet_costs_the_engine_a_few_commands_a_second_per_replica() {
     );
     assert!(
         per_replica_per_second <= 20.0,
-        "an idle replica costs the engine {per_replica_per_second:.1} commands/s (at most 20): {calls:?}"
+        "an idle replica costs Redis {per_replica_per_second:.1} commands/s (at most 20): {calls:?}"
     );
     // Still live: an apply after the idle interval reaches both.
     let late = report("w-late", &[99]);
@@ -398,7 +398,7 @@ async fn entries_lost_and_refilled_by_others_make_a_replica_start_over() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_outage_refuses_applies_answers_queries_until_the_lag_bound_then_resumes() {
+async fn a_redis_outage_refuses_applies_answers_queries_until_the_lag_bound_then_resumes() {
     let Some(mut redis) = RedisServer::start(true) else {
         return;
     };
@@ -415,7 +415,7 @@ async fn an_engine_outage_refuses_applies_answers_queries_until_the_lag_bound_th
     redis.kill();
     let refused = a.apply(report("w2", &[3])).await;
     assert!(
-        matches!(refused, Err(ChangeError::EventLog(_))),
+        matches!(refused, Err(ChangeError::SharedLog(_))),
         "{refused:?}"
     );
     let answer = a.prefix(&[1, 2]).expect("answered from memory");

@@ -1,13 +1,13 @@
 //! kv-state's tests, one binary, through its own API (no gRPC): the cell's atomicity, a durable
 //! directory, the sequence gate, rollbacks, replicas on a real redis-server (and Sentinel), and
-//! the engine's TLS and passwords.
+//! Redis's TLS and passwords.
 
 mod cell_atomicity;
 mod common;
 mod durable;
-mod engine_security;
 mod fleet;
 mod gate;
+mod redis_security;
 mod replicas;
 mod rollback;
 mod sentinel;

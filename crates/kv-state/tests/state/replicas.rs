@@ -43,7 +43,7 @@ async fn an_append_is_answered_once_the_replicas_hold_it_and_refused_without_the
     replica.kill();
     let refused = state.apply(numbered(report("w", &[3]), 2)).await;
     assert!(
-        matches!(refused, Err(ChangeError::EventLog(_))),
+        matches!(refused, Err(ChangeError::SharedLog(_))),
         "{refused:?}"
     );
     replica.restart();
@@ -58,7 +58,7 @@ async fn an_append_is_answered_once_the_replicas_hold_it_and_refused_without_the
     wait::until_ok("the replica serves", || async { state.check() }).await;
     let refused = state.apply(numbered(report("w", &[4]), 3)).await;
     assert!(
-        matches!(refused, Err(ChangeError::EventLog(_))),
+        matches!(refused, Err(ChangeError::SharedLog(_))),
         "{refused:?}"
     );
     state.stop().await;

@@ -133,7 +133,7 @@ pub fn numbered(
     request
 }
 
-/// Applies as a bridge does: retried while the engine is unreachable (its connection is gone
+/// Applies as a bridge does: retried while Redis is unreachable (its connection is gone
 /// after the restart), answered with the first other outcome.
 pub async fn apply_retrying(
     state: &State,
@@ -142,7 +142,7 @@ pub async fn apply_retrying(
     wait::until_ok("an answer other than UNAVAILABLE", || async {
         match state.apply(request.clone()).await {
             Err(
-                error @ (ChangeError::EventLog(_) | ChangeError::NotReady | ChangeError::LogReset),
+                error @ (ChangeError::SharedLog(_) | ChangeError::NotReady | ChangeError::LogReset),
             ) => Err(error),
             answer => Ok(answer.map(|_| ())),
         }

@@ -1,4 +1,4 @@
-//! The engine's own security, with a real `redis-server`: a fleet through an ACL user that may
+//! Redis's own security, with a real `redis-server`: a fleet through an ACL user that may
 //! run only the commands the fleet uses (the line README's "Running a fleet" documents), a user
 //! without them refused with a message naming the refusal, and the shared log over TLS
 //! (`rediss://`) to a server whose certificate a CA made here signs.
@@ -123,7 +123,7 @@ async fn a_user_without_the_fleets_commands_is_refused_naming_the_refusal() {
         StreamConfig::new(&user_url(&redis, "no-xadd"), "sgl-kv-indexer:events", None).unwrap();
     let state = serving(replica_settings(stream, None)).await;
     let refused = state.apply(report("w", &[1])).await;
-    let Err(ChangeError::EventLog(error)) = &refused else {
+    let Err(ChangeError::SharedLog(error)) = &refused else {
         panic!("expected an event-log refusal, got {refused:?}");
     };
     let chain = kv_common::error_chain(error.as_ref());
@@ -237,7 +237,7 @@ async fn the_shared_log_runs_over_tls_to_a_private_ca() {
         .unwrap();
     let refused = state.apply(report("w", &[4])).await;
     assert!(
-        matches!(refused, Err(ChangeError::EventLog(_))),
+        matches!(refused, Err(ChangeError::SharedLog(_))),
         "{refused:?}"
     );
     assert!(state.check().is_err());
