@@ -445,13 +445,24 @@ mod tests {
     fn the_watchdog_kills_a_hung_child() {
         let (index, meta) = sample();
         let dir = scratch_dir("forked-hung");
-        let child = spawn(&dir, 4, &index, 0..0, &meta, TableImage::Fresh).unwrap();
-        // SAFETY: a signal to our own child, not yet reaped.
-        unsafe { libc::kill(child.pid, libc::SIGSTOP) };
-        let stopper = child.stopper();
-        let waiting = crate::snapshot::spawn_builder(move || child.wait()).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(!waiting.is_finished(), "a stopped child finished");
+        // The sample is small: a child may finish before the stop reaches it (then its
+        // snapshot is written and the attempt is made again, at most a few times).
+        let (stopper, waiting) = (0..5)
+            .find_map(|_| {
+                let child = spawn(&dir, 4, &index, 0..0, &meta, TableImage::Fresh).unwrap();
+                // SAFETY: a signal to our own child, not yet reaped.
+                unsafe { libc::kill(child.pid, libc::SIGSTOP) };
+                let stopper = child.stopper();
+                let waiting = crate::snapshot::spawn_builder(move || child.wait()).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+                if waiting.is_finished() {
+                    let _ = waiting.join();
+                    let _ = std::fs::remove_file(snapshot::path(&dir, 4));
+                    return None;
+                }
+                Some((stopper, waiting))
+            })
+            .expect("a stopped child finished every time");
         assert!(!stopper.stop_if_hung(Duration::from_secs(60)));
         assert!(stopper.stop_if_hung(Duration::from_millis(100)));
         let text = kv_common::error_chain(&waiting.join().unwrap().unwrap_err());
