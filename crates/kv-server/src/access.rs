@@ -203,7 +203,7 @@ impl Tokens {
 /// The access settings as plain values: the certificate files and the tokens (`config` parses
 /// the flags into them).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct AccessSettings<'a> {
+pub struct AccessConfig<'a> {
     pub tls_cert: Option<&'a Path>,
     pub tls_key: Option<&'a Path>,
     pub tls_client_ca: Option<&'a Path>,
@@ -232,7 +232,7 @@ impl std::fmt::Debug for Access {
 
 impl Access {
     /// Reads the certificate files and tokens `settings` name.
-    pub fn from_settings(settings: &AccessSettings<'_>) -> Result<Access, AccessError> {
+    pub fn from_settings(settings: &AccessConfig<'_>) -> Result<Access, AccessError> {
         let tokens = Tokens::new(settings.write_token, settings.read_token)?;
         let tls = match (settings.tls_cert, settings.tls_key) {
             (None, None) if settings.tls_client_ca.is_some() => {

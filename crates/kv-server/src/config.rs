@@ -9,10 +9,10 @@ use std::time::Duration;
 use clap::Parser;
 use kv_common::{Secret, read_pem};
 
-use kv_state::settings::{FleetSettings, Settings, SnapshotMethod, SyncPolicy};
+use kv_state::config::{FleetConfig, SnapshotMethod, StateConfig, SyncPolicy};
 use kv_state::stream::{StreamConfig, StreamConfigError};
 
-use crate::access::{Access, AccessError, AccessSettings};
+use crate::access::{Access, AccessConfig, AccessError};
 
 /// The KV-cache Indexer gRPC server.
 #[derive(Debug, Clone, Parser)]
@@ -209,7 +209,7 @@ pub struct Config {
     /// How long a shutdown waits for open connections to finish before it drops them.
     pub drain_timeout: Duration,
     /// Where the state lives and how it is kept (memory, a directory, a shared log).
-    pub state: Settings,
+    pub state: StateConfig,
 }
 
 /// The default of [`Config::drain_timeout`].
@@ -230,7 +230,7 @@ impl Default for Config {
             connections: ConnectionLimits::default(),
             access: Access::default(),
             drain_timeout: DRAIN_TIMEOUT,
-            state: Settings::default(),
+            state: StateConfig::default(),
         }
     }
 }
@@ -240,7 +240,7 @@ impl Config {
     pub fn from_args(args: &Args) -> Result<Config, ConfigError> {
         let fleet = match &args.event_log {
             None => None,
-            Some(url) => Some(FleetSettings {
+            Some(url) => Some(FleetConfig {
                 stream: event_log(url, args)?,
                 max_lag: Duration::from_millis(args.max_lag_ms),
             }),
@@ -254,7 +254,7 @@ impl Config {
                 max_connections: args.max_connections.map(NonZeroUsize::get),
                 max_concurrent_streams: args.max_concurrent_streams.get(),
             },
-            access: Access::from_settings(&AccessSettings {
+            access: Access::from_settings(&AccessConfig {
                 tls_cert: args.tls_cert.as_deref(),
                 tls_key: args.tls_key.as_deref(),
                 tls_client_ca: args.tls_client_ca.as_deref(),
@@ -262,7 +262,7 @@ impl Config {
                 read_token: args.read_token.as_ref().map(Secret::expose),
             })?,
             drain_timeout: Duration::from_secs(args.drain_timeout_s),
-            state: Settings {
+            state: StateConfig {
                 dir: args.state_dir.clone(),
                 sync: args.log_sync,
                 worker_ttl: seconds(args.worker_ttl_s),

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tracing::{error, info, warn};
 
+use crate::config::{SnapshotMethod, SyncPolicy};
 use crate::dir::StateDir;
 use crate::error::StateError;
 use crate::log::{FileLog, StateFileError};
 use crate::meta::Meta;
 use crate::recover::rebuild;
-use crate::settings::{SnapshotMethod, SyncPolicy};
 use crate::snapshot::{self, Built};
 
 /// The longest a `batch`-synced record waits for its fdatasync.

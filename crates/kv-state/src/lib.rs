@@ -1,5 +1,5 @@
 //! The index as a materialized view of a log: everything beneath the gRPC service. It knows
-//! nothing of tonic, hyper or the server's flags; it takes [`settings::Settings`] and answers
+//! nothing of tonic, hyper or the server's flags; it takes [`config::StateConfig`] and answers
 //! with the typed errors of [`error`].
 //!
 //! Every change that passes validation (an apply, a hit-counting match, an expiry) becomes a
@@ -21,11 +21,12 @@
 //! - [`record`], [`log`], [`snapshot`], [`stream`], [`dir`]: the formats and the stores;
 //! - [`cell`]: the shared index cell, the writer's lock on it (`write_for`: a block table
 //!   rebuilt beside queries) and the abort-on-panic guard;
-//! - [`settings`], [`error`], [`digest`], [`observe`], [`clock`].
+//! - [`config`], [`error`], [`digest`], [`observe`], [`clock`].
 
 pub mod apply;
 pub mod cell;
 pub mod clock;
+pub mod config;
 pub mod digest;
 pub mod dir;
 pub mod durable;
@@ -38,7 +39,6 @@ pub mod observe;
 pub mod open;
 pub mod record;
 pub mod recover;
-pub mod settings;
 pub mod snapshot;
 pub mod stream;
 pub mod writer;

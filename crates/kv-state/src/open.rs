@@ -8,13 +8,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cell::{IndexCell, IndexWriter};
 use crate::clock::now_ms;
+use crate::config::{StateConfig, sweep_interval};
 use crate::dir::StateDir;
 use crate::durable::Durable;
 use crate::error::StateError;
 use crate::fleet::{self, Freshness};
 use crate::meta::{Meta, fresh_ttl};
 use crate::recover::{Recovered, recover_dir};
-use crate::settings::{Settings, sweep_interval};
 use crate::writer::Writer;
 
 /// The opened state: the writer every change goes through and, for a replica, its freshness.
@@ -28,7 +28,7 @@ pub struct Opened {
 /// recovering it into the cell first (blocking: call it off async worker threads); as a
 /// replica by starting its appender and applier (it catches up in the background, see
 /// [`Freshness`]).
-pub fn open(cell: &IndexCell, settings: &Settings) -> Result<Opened, StateError> {
+pub fn open(cell: &IndexCell, settings: &StateConfig) -> Result<Opened, StateError> {
     if let Some(fleet) = &settings.fleet {
         let dir = settings.dir.as_deref().map(StateDir::lock).transpose()?;
         let started = fleet::start(cell.clone(), fleet, dir, settings)?;
@@ -87,7 +87,7 @@ pub fn open(cell: &IndexCell, settings: &Settings) -> Result<Opened, StateError>
 
 /// Starts a single server's periodic liveness sweeps and snapshots until `stop` (a replica's
 /// applier runs its own).
-pub fn spawn_ticks(writer: Writer, settings: &Settings, stop: CancellationToken) {
+pub fn spawn_ticks(writer: Writer, settings: &StateConfig, stop: CancellationToken) {
     if settings.fleet.is_some() {
         return;
     }

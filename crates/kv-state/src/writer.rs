@@ -25,11 +25,11 @@ use tracing::{error, warn};
 use crate::apply::{Applied, apply_admitted, apply_record};
 use crate::cell::{Changing, IndexWriter};
 use crate::clock::now_ms;
+use crate::config::SnapshotMethod;
 use crate::durable::{Building, Durable, WriteState, build_snapshot, prune, write_snapshot};
 use crate::error::{ChangeError, StateError};
 use crate::meta::{ExpiryGuard, Gate, Meta, WorkerMeta, admit, due_for_expiry};
 use crate::record::{Change, Record};
-use crate::settings::SnapshotMethod;
 use crate::snapshot::TableImage;
 
 /// Jobs queued for the writer before senders wait.

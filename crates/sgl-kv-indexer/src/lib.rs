@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     #[derive(Debug, clap::Parser)]
-    struct Settings {
+    struct StateConfig {
         #[arg(long, env = "KV_TEST_HEARTBEAT_MS", default_value = "5")]
         heartbeat_ms: std::num::NonZeroU64,
         #[arg(long)]
@@ -144,10 +144,10 @@ mod tests {
             (&["--plain", "x"], "'--plain <PLAIN>'"),
         ];
         for (argv, needle) in cases {
-            let mut command = Settings::command();
+            let mut command = StateConfig::command();
             let error = command
                 .try_get_matches_from_mut(std::iter::once(&"t").chain(argv.iter()))
-                .and_then(|matches| Settings::from_arg_matches(&matches))
+                .and_then(|matches| StateConfig::from_arg_matches(&matches))
                 .expect_err("must be refused");
             let text = name_variables(error, &command).to_string();
             assert!(text.contains(needle), "{argv:?}: {text}");

@@ -411,7 +411,7 @@ async fn delivers_every_queued_batch_in_order_after_a_server_restart() {
 async fn a_server_on_an_older_state_directory_makes_the_bridge_re_sync() {
     let dir = kv_testkit::temp_dir("kv-bridge-resync", "state");
     let config = |dir: &std::path::Path| kv_server::Config {
-        state: kv_state::settings::Settings {
+        state: kv_state::config::StateConfig {
             dir: Some(dir.to_path_buf()),
             snapshot_interval: None,
             ..Default::default()

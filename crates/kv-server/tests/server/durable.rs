@@ -21,7 +21,7 @@ const PREFIX: &str = "kv-durable";
 
 fn config(dir: &Path) -> Config {
     Config {
-        state: kv_state::settings::Settings {
+        state: kv_state::config::StateConfig {
             dir: Some(dir.to_path_buf()),
             snapshot_interval: None,
             ..Default::default()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kv_indexer_proto::v1 as pb;
 use kv_server::Config;
-use kv_state::settings::FleetSettings;
+use kv_state::config::FleetConfig;
 use kv_state::stream::StreamConfig;
 use kv_testkit::TestIndexer;
 use kv_testkit::booted::BootedServer;
@@ -21,8 +21,8 @@ use tonic::Code;
 /// A replica's configuration: the shared log on `redis`, queries refused past `max_lag`.
 fn config(redis: &RedisServer, max_lag: Duration) -> Config {
     Config {
-        state: kv_state::settings::Settings {
-            fleet: Some(FleetSettings {
+        state: kv_state::config::StateConfig {
+            fleet: Some(FleetConfig {
                 stream: StreamConfig::new(&redis.url(), "test:events", None).unwrap(),
                 max_lag,
             }),

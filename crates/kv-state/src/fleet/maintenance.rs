@@ -12,10 +12,10 @@ use tracing::{debug, info, warn};
 use super::applier::{Applier, Restart};
 use super::build::{Build, write_local};
 use crate::clock::now_ms;
+use crate::config::sweep_interval;
 use crate::error::StateError;
 use crate::meta::due_for_expiry;
 use crate::record::{Change, Record};
-use crate::settings::sweep_interval;
 use crate::snapshot;
 
 impl Applier {

@@ -45,10 +45,10 @@ use self::appender::Appender;
 use self::applier::Applier;
 use self::waiters::Waiters;
 use crate::cell::{IndexCell, IndexWriter};
+use crate::config::{FleetConfig, StateConfig};
 use crate::dir::StateDir;
 use crate::error::StateError;
 use crate::meta::Meta;
-use crate::settings::{FleetSettings, Settings};
 use crate::writer::Writer;
 
 /// What boot hands over: the running replica.
@@ -61,9 +61,9 @@ pub struct Started {
 /// is NOT_SERVING until it has caught up) and the appender accepts changes at once.
 pub fn start(
     index: IndexCell,
-    fleet: &FleetSettings,
+    fleet: &FleetConfig,
     dir: Option<StateDir>,
-    settings: &Settings,
+    settings: &StateConfig,
 ) -> Result<Started, StateError> {
     let (worker_ttl, snapshot_interval) = (settings.worker_ttl, settings.snapshot_interval);
     let replica = format!("{:016x}", rand::random::<u64>());

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use kv_index::Index;
 use kv_indexer_proto::convert;
+use kv_state::config::{SnapshotMethod, StateConfig, SyncPolicy};
 use kv_state::dir::DirError;
 use kv_state::error::{ChangeError, StateError};
-use kv_state::settings::{Settings, SnapshotMethod, SyncPolicy};
 use kv_testkit::indexer::{CLEAR, DRAM, HBM, REPORT, REVOKE, action, apply_request as apply};
 use proptest::prelude::*;
 
@@ -98,7 +98,7 @@ async fn a_snapshot_then_more_applies_then_a_crash_recovers_both() {
     ];
     for (sync, snapshot_method) in cases {
         let dir = kv_testkit::temp_dir(PREFIX, "snapshot");
-        let with_sync = |dir: &Path| Settings {
+        let with_sync = |dir: &Path| StateConfig {
             sync,
             snapshot_method,
             ..dir_settings(dir)
@@ -178,7 +178,7 @@ async fn an_older_bridge_incarnation_is_fenced_and_changes_nothing_even_after_a_
 #[tokio::test]
 async fn a_silent_worker_expires_unless_every_worker_does() {
     let dir = kv_testkit::temp_dir(PREFIX, "ttl");
-    let ttl = Settings {
+    let ttl = StateConfig {
         worker_ttl: Some(Duration::from_millis(1000)),
         ..dir_settings(&dir)
     };
@@ -302,7 +302,7 @@ async fn the_discard_setting_moves_a_corrupt_state_aside_and_starts_empty() {
     let mut bytes = std::fs::read(&snap).unwrap();
     bytes[40] ^= 0xff;
     std::fs::write(&snap, bytes).unwrap();
-    let state = State::open(Settings {
+    let state = State::open(StateConfig {
         discard_corrupt: true,
         ..dir_settings(&dir)
     })

@@ -13,8 +13,8 @@ use std::time::Duration;
 use kv_index::Index;
 use kv_indexer_proto::convert;
 use kv_indexer_proto::v1 as pb;
+use kv_state::config::{FleetConfig, StateConfig};
 use kv_state::error::ChangeError;
-use kv_state::settings::{FleetSettings, Settings};
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
@@ -41,11 +41,11 @@ impl Default for ReplicaSettings {
     }
 }
 
-fn settings(redis: &RedisServer, replica: ReplicaSettings) -> Settings {
-    Settings {
+fn settings(redis: &RedisServer, replica: ReplicaSettings) -> StateConfig {
+    StateConfig {
         dir: replica.state_dir,
         snapshot_interval: replica.snapshot_every,
-        fleet: Some(FleetSettings {
+        fleet: Some(FleetConfig {
             stream: StreamConfig::new(&redis.url(), "test:events", None).unwrap(),
             max_lag: replica.max_lag,
         }),

@@ -3,13 +3,13 @@
 //! the retry is no second apply: the sequence gate takes it as a duplicate).
 
 use crate::common::{State, apply_retrying, numbered, replica_settings, report};
+use kv_state::config::StateConfig;
 use kv_state::error::ChangeError;
-use kv_state::settings::Settings;
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
 
-fn settings(primary: &RedisServer, min_replicas: u32) -> Settings {
+fn settings(primary: &RedisServer, min_replicas: u32) -> StateConfig {
     let stream = StreamConfig::new(&primary.url(), "test:replicas", None).unwrap();
     replica_settings(stream.with_min_replicas(min_replicas), None)
 }

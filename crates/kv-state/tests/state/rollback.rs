@@ -6,12 +6,12 @@
 use crate::common::{
     State, apply_retrying, assert_gap, numbered, replica_settings, report, revoke,
 };
-use kv_state::settings::Settings;
+use kv_state::config::StateConfig;
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
 
-fn settings(redis: &RedisServer) -> Settings {
+fn settings(redis: &RedisServer) -> StateConfig {
     let stream = StreamConfig::new(&redis.url(), "test:rollback", None).unwrap();
     replica_settings(stream, None)
 }

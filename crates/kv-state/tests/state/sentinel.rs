@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use crate::common::{State, apply_retrying, numbered, replica_settings, report, revoke};
+use kv_state::config::StateConfig;
 use kv_state::error::ChangeError;
-use kv_state::settings::Settings;
 use kv_state::stream::StreamConfig;
 use kv_testkit::redis::RedisServer;
 use kv_testkit::wait;
@@ -82,7 +82,7 @@ fn sentinels(primary_port: u16, dir: &Path) -> Sentinels {
     Sentinels { children, ports }
 }
 
-fn settings(sentinels: &Sentinels, min_replicas: u32) -> Settings {
+fn settings(sentinels: &Sentinels, min_replicas: u32) -> StateConfig {
     let hosts: Vec<String> = sentinels
         .ports
         .iter()

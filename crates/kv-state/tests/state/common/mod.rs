@@ -11,9 +11,9 @@ use std::time::Duration;
 use kv_index::{IndexStats, NodeMatch, PrefixAnswer};
 use kv_indexer_proto::v1 as pb;
 use kv_state::cell::IndexCell;
+use kv_state::config::{FleetConfig, StateConfig};
 use kv_state::error::{ChangeError, StateError};
 use kv_state::fleet::Freshness;
-use kv_state::settings::{FleetSettings, Settings};
 use kv_state::stream::StreamConfig;
 use kv_state::writer::Writer;
 use kv_testkit::indexer::{HBM, REPORT, REVOKE, action, apply_request};
@@ -34,7 +34,7 @@ impl State {
     }
 
     /// Opens the state `settings` name over a new cell (on the blocking pool: recovery blocks).
-    pub async fn open(settings: Settings) -> Result<State, StateError> {
+    pub async fn open(settings: StateConfig) -> Result<State, StateError> {
         let cell = kv_state::cell::empty();
         let opening = cell.clone();
         let opened = tokio::task::spawn_blocking(move || kv_state::open::open(&opening, &settings))
@@ -151,8 +151,8 @@ pub async fn apply_retrying(
 }
 
 /// A state directory, snapshots only when asked for.
-pub fn dir_settings(dir: &Path) -> Settings {
-    Settings {
+pub fn dir_settings(dir: &Path) -> StateConfig {
+    StateConfig {
         dir: Some(dir.to_path_buf()),
         snapshot_interval: None,
         ..Default::default()
@@ -168,20 +168,20 @@ pub fn assert_gap(answer: &Result<(), ChangeError>, expected: u64, got: u64) {
 
 /// A replica on `stream` without a state directory or worker expiry, stale after 1 s, and
 /// snapshots every `snapshot_every` (none: never).
-pub fn replica_settings(stream: StreamConfig, snapshot_every: Option<Duration>) -> Settings {
-    Settings {
+pub fn replica_settings(stream: StreamConfig, snapshot_every: Option<Duration>) -> StateConfig {
+    StateConfig {
         worker_ttl: None,
         snapshot_interval: snapshot_every,
-        fleet: Some(FleetSettings {
+        fleet: Some(FleetConfig {
             stream,
             max_lag: Duration::from_millis(1000),
         }),
-        ..Settings::default()
+        ..StateConfig::default()
     }
 }
 
 /// Opens `settings` and waits until the replica serves.
-pub async fn serving(settings: Settings) -> State {
+pub async fn serving(settings: StateConfig) -> State {
     let state = State::open(settings).await.unwrap();
     wait::until_ok("the replica serves", || async { state.check() }).await;
     state

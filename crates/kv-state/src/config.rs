@@ -38,7 +38,7 @@ pub enum SnapshotMethod {
 
 /// Where the state lives and how it is kept.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct StateConfig {
     /// The state directory (`None`: in memory, unless a shared log is set).
     pub dir: Option<PathBuf>,
     pub sync: SyncPolicy,
@@ -50,12 +50,12 @@ pub struct Settings {
     /// Start empty (files moved aside) rather than refuse a corrupt state directory.
     pub discard_corrupt: bool,
     /// A shared log: this state is one replica of a fleet.
-    pub fleet: Option<FleetSettings>,
+    pub fleet: Option<FleetConfig>,
 }
 
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
+impl Default for StateConfig {
+    fn default() -> StateConfig {
+        StateConfig {
             dir: None,
             sync: SyncPolicy::Batch,
             worker_ttl: Some(Duration::from_secs(30)),
@@ -69,7 +69,7 @@ impl Default for Settings {
 
 /// The shared log's settings.
 #[derive(Debug, Clone)]
-pub struct FleetSettings {
+pub struct FleetConfig {
     pub stream: StreamConfig,
     /// Staler than this, a replica refuses queries (`ChangeError::Stale`).
     pub max_lag: Duration,
