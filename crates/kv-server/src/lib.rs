@@ -9,7 +9,8 @@
 //! - [`access`]: TLS (optionally mutual) and the read and write tokens;
 //! - [`config`]: flags and environment variables;
 //! - [`server`]: assembles the gRPC server and runs it on a bound listener;
-//! - [`service`]: the RPCs, locking, admission and deadline checks;
+//! - [`service`]: the RPCs, locking and deadline checks;
+//! - [`admission`]: the prefix queries' in-flight bound, shedding and their counts;
 //! - [`admin`]: the operator's service (state, workers, drop) and the `/state` report;
 //! - [`predict`]: routers' predicted placements, in memory only, with their TTL;
 //! - [`pool`]: the query threads prefix scans run on, below the runtime's priority;
@@ -19,6 +20,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod admission;
 pub mod boot;
 pub mod config;
 pub mod deadline;

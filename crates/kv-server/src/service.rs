@@ -22,17 +22,14 @@
 //!   published (see `kv_state::cell::AbortOnPanic`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kv_index::{Index, IndexStats, PrefixHits, validate_lookup, validate_prefix};
 use kv_indexer_proto::v1 as pb;
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexer;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
-use tracing::{info, warn};
+use tracing::warn;
 
-use kv_common::DoublingLog;
 use kv_indexer_proto::convert;
 use kv_indexer_proto::prefix_wire::{self, EncodedPrefixResponse, PrefixMatchRef};
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
@@ -44,6 +41,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::access::Access;
+pub use crate::admission::Admission;
+use crate::admission::QueryGate;
 use crate::config::{Config, ConnectionLimits};
 use crate::deadline::{Arrival, deadline};
 use crate::error::{ServerError, StartError};
@@ -56,23 +55,30 @@ pub struct Shared {
     index: IndexCell,
     /// Set once the index is loaded: until then every RPC but health answers UNAVAILABLE.
     writer: std::sync::OnceLock<Writer>,
-    health: HealthReporter,
-    /// Serializes health updates, so that the last one written is the current state's.
-    health_update: tokio::sync::Mutex<()>,
-    admission: Arc<Semaphore>,
-    limit: usize,
-    shed: DoublingLog,
-    rejected: DoublingLog,
-    prefix_scans: AtomicU64,
-    access: Access,
-    connection_limits: ConnectionLimits,
-    drain_timeout: Duration,
+    health: Health,
+    /// The prefix queries' admission bound, and what it refused.
+    queries: QueryGate,
+    listeners: ListenerConfig,
     /// A fleet replica's freshness (none: a single server).
     fleet: std::sync::OnceLock<Arc<Freshness>>,
     /// Where prefix scans run.
     pool: QueryPool,
     /// Routers' predicted placements (memory only: `crate::predict`).
     predictions: Predictions,
+}
+
+/// The health every listener serves, published in order.
+struct Health {
+    reporter: HealthReporter,
+    /// Serializes updates, so that the last one written is the current state's.
+    update: tokio::sync::Mutex<()>,
+}
+
+/// What the listeners take from the configuration.
+struct ListenerConfig {
+    access: Access,
+    connection_limits: ConnectionLimits,
+    drain_timeout: Duration,
 }
 
 /// Block-worker pairs of predictions held at most (about 100 bytes each).
@@ -86,18 +92,18 @@ impl Shared {
         let pool = QueryPool::start(config.query_threads, config.prefix_query_max_inflight)
             .map_err(StartError::QueryThreads)?;
         Ok(Shared {
-            access: config.access.clone(),
-            connection_limits: config.connections,
-            drain_timeout: config.drain_timeout,
+            listeners: ListenerConfig {
+                access: config.access.clone(),
+                connection_limits: config.connections,
+                drain_timeout: config.drain_timeout,
+            },
             index: cell::empty(),
             writer: std::sync::OnceLock::new(),
-            health: HealthReporter::new(),
-            health_update: tokio::sync::Mutex::new(()),
-            admission: Arc::new(Semaphore::new(config.prefix_query_max_inflight)),
-            limit: config.prefix_query_max_inflight,
-            shed: DoublingLog::default(),
-            rejected: DoublingLog::default(),
-            prefix_scans: AtomicU64::new(0),
+            health: Health {
+                reporter: HealthReporter::new(),
+                update: tokio::sync::Mutex::new(()),
+            },
+            queries: QueryGate::new(config.prefix_query_max_inflight),
             fleet: std::sync::OnceLock::new(),
             pool,
             predictions: Predictions::new(PREDICTIONS_MAX_ENTRIES, PREDICTIONS_MAX_TTL),
@@ -149,7 +155,7 @@ impl Shared {
 
     /// The health reporter every listener serves (`grpc.health.v1`).
     pub fn health(&self) -> &HealthReporter {
-        &self.health
+        &self.health.reporter
     }
 
     /// Why applies are refused now because the state directory cannot be written (its disk
@@ -174,15 +180,16 @@ impl Shared {
     /// Publishes SERVING or NOT_SERVING (overall and for the `KVIndexer` service) as
     /// [`Shared::is_serving`] now says.
     pub async fn publish_health(&self) {
-        let _serialized = self.health_update.lock().await;
+        let _serialized = self.health.update.lock().await;
         let status = if self.is_serving() {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
         };
         observe::serving(status == ServingStatus::Serving);
-        self.health.set_service_status("", status).await;
+        self.health.reporter.set_service_status("", status).await;
         self.health
+            .reporter
             .set_service_status(
                 <KvIndexerServer<IndexerService> as tonic::server::NamedService>::NAME,
                 status,
@@ -198,17 +205,17 @@ impl Shared {
 
     /// Who may connect and call: the configured TLS and tokens.
     pub fn access(&self) -> &Access {
-        &self.access
+        &self.listeners.access
     }
 
     /// What the listen address lets its clients hold at once.
     pub fn connection_limits(&self) -> ConnectionLimits {
-        self.connection_limits
+        self.listeners.connection_limits
     }
 
     /// How long a shutdown waits for open connections.
     pub fn drain_timeout(&self) -> Duration {
-        self.drain_timeout
+        self.listeners.drain_timeout
     }
 
     /// Sizes of the index now (waits for the read lock: not for async worker threads).
@@ -246,45 +253,27 @@ impl Shared {
 
     /// Prefix queries executing now.
     pub fn prefix_queries_in_flight(&self) -> usize {
-        self.limit - self.admission.available_permits()
+        self.queries.in_flight()
     }
 
     /// Prefix scans that touched the index since start.
     pub fn prefix_scans(&self) -> u64 {
-        self.prefix_scans.load(Ordering::Relaxed)
+        self.queries.scans()
     }
 
     /// Prefix queries shed because their deadline was spent, and rejected by admission.
     pub fn shed_and_rejected(&self) -> (u64, u64) {
-        (self.shed.total(), self.rejected.total())
+        self.queries.shed_and_rejected()
     }
 
     /// Takes an admission permit, or rejects at once (never queues).
     pub fn admit(&self) -> Result<Admission, ServerError> {
-        self.try_admit()
-            .map(|permit| Admission(Arc::new(InFlight::new(permit))))
-    }
-
-    fn try_admit(&self) -> Result<OwnedSemaphorePermit, ServerError> {
-        self.admission.clone().try_acquire_owned().map_err(|_| {
-            if let Some(total) = self.rejected.record() {
-                warn!(
-                    total,
-                    limit = self.limit,
-                    "rejecting prefix queries over the in-flight bound"
-                );
-            }
-            observe::rejection("admission");
-            ServerError::Overloaded { limit: self.limit }
-        })
+        self.queries.admit()
     }
 
     /// Counts (and now and then logs) a prefix query shed for its deadline.
     pub fn record_shed(&self) {
-        if let Some(total) = self.shed.record() {
-            info!(total, "shedding prefix queries whose deadline is spent");
-        }
-        observe::rejection("deadline");
+        self.queries.record_shed();
     }
 
     /// Fails when the client's budget is already spent.
@@ -309,7 +298,7 @@ impl Shared {
         request: &pb::MatchExternalKvPrefixRequest,
         index: &Index,
     ) -> Result<PrefixHits, ServerError> {
-        self.prefix_scans.fetch_add(1, Ordering::Relaxed);
+        self.queries.count_scan();
         let mut hits = index.match_prefix_hits(&request.hashes, request.max_blocks)?;
         if let Some(limit) = request.max_matches.filter(|&limit| limit > 0) {
             hits.matches.truncate(limit as usize);
@@ -349,27 +338,6 @@ impl Shared {
             predicted.truncate(max as usize);
         }
         predicted
-    }
-}
-
-/// A prefix query's admission permit, taken when its request arrived; released when dropped
-/// (the last clone), which is when `kv_indexer_prefix_queries_inflight` goes down again.
-#[derive(Debug, Clone)]
-pub struct Admission(#[allow(dead_code)] Arc<InFlight>);
-
-#[derive(Debug)]
-struct InFlight(#[allow(dead_code)] OwnedSemaphorePermit);
-
-impl InFlight {
-    fn new(permit: OwnedSemaphorePermit) -> InFlight {
-        observe::prefix_queries_inflight(1.0);
-        InFlight(permit)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        observe::prefix_queries_inflight(-1.0);
     }
 }
 
@@ -611,8 +579,8 @@ impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
             .field("ready", &self.is_ready())
-            .field("limit", &self.limit)
-            .field("access", &self.access)
+            .field("limit", &self.queries.limit())
+            .field("access", &self.listeners.access)
             .finish_non_exhaustive()
     }
 }
