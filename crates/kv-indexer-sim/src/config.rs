@@ -150,6 +150,11 @@ pub struct Args {
     /// high-water mark; 0: none.
     #[arg(long, env = "KV_INDEXER_SIM_DROP_EVERY", default_value_t = 0)]
     pub drop_every: u64,
+
+    /// Lose them only below this sequence number, so that a test's last messages arrive: a
+    /// bridge learns of a lost message only from the next one (unset: throughout).
+    #[arg(long, env = "KV_INDEXER_SIM_DROP_UNTIL")]
+    pub drop_until: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -306,6 +311,7 @@ impl Config {
                 replay_buffer_steps: args.replay_buffer_steps,
                 drop: DropPolicy {
                     every: args.drop_every,
+                    every_until: args.drop_until,
                     ..DropPolicy::default()
                 },
             },

@@ -36,12 +36,17 @@ pub struct DropPolicy {
     pub seqs: BTreeSet<u64>,
     /// Every n-th message (seqs n−1, 2n−1, …); 0 drops none.
     pub every: u64,
+    /// `every` only below this seq (none: throughout).
+    pub every_until: Option<u64>,
 }
 
 impl DropPolicy {
     /// Whether the live message `seq` is lost.
     pub fn drops(&self, seq: u64) -> bool {
-        self.seqs.contains(&seq) || (self.every > 0 && (seq + 1).is_multiple_of(self.every))
+        let periodic = self.every > 0
+            && (seq + 1).is_multiple_of(self.every)
+            && self.every_until.is_none_or(|until| seq < until);
+        self.seqs.contains(&seq) || periodic
     }
 }
 

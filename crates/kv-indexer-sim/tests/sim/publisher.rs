@@ -183,12 +183,24 @@ async fn sends_topic_seq_and_payload_with_seq_from_zero() {
     stop.cancel();
 }
 
+#[test]
+fn periodic_losses_stop_at_drop_until() {
+    let policy = DropPolicy {
+        every: 7,
+        seqs: BTreeSet::new(),
+        every_until: Some(14),
+    };
+    let lost: Vec<u64> = (0..30).filter(|&seq| policy.drops(seq)).collect();
+    assert_eq!(lost, [6, 13]);
+}
+
 #[tokio::test]
 async fn lost_messages_are_missing_live_but_replayable() {
     // Every second message is lost: seqs 1, 3, 5, ...
     let policy = DropPolicy {
         every: 2,
         seqs: BTreeSet::new(),
+        every_until: None,
     };
     let (mut publisher, endpoint) = publisher(policy, 100).await;
     let (replay_endpoint, stop) = replay_server(&publisher).await;
