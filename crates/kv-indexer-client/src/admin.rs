@@ -8,9 +8,9 @@ use std::future::Future;
 use kv_indexer_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::client::{IndexerClient, transport_is_unavailable};
+use crate::client::IndexerClient;
 use crate::endpoint::Endpoint;
-use crate::outcome::QueryError;
+use crate::outcome::{PrefixOutcome, QueryError};
 use crate::security::AdminClient;
 
 pub use pb::{GetIndexerStateResponse as ServerState, WorkerState};
@@ -22,9 +22,9 @@ impl IndexerClient {
         let mut answers = Vec::with_capacity(self.replicas.len());
         for replica in &self.replicas {
             let mut admin = replica.admin.clone();
-            let request = self.admin_request(pb::GetIndexerStateRequest { digest });
+            let request = self.timed_request(pb::GetIndexerStateRequest { digest });
             let answer = self.within_timeout(admin.get_indexer_state(request)).await;
-            answers.push((&replica.endpoint, answer));
+            answers.push((&replica.endpoint, answer.map_err(Into::into)));
         }
         answers
     }
@@ -56,47 +56,23 @@ impl IndexerClient {
     }
 
     /// `rpc` of `message` to each replica in the listed order until one answers; a replica
-    /// that is unreachable, late or not ready passes the call on, any other answer is final.
+    /// that is unreachable, late or overloaded passes the call on (as a query fails over),
+    /// any other answer is final.
     async fn first_answer<M, T, F, Fut>(&self, rpc: F, message: M) -> Result<T, QueryError>
     where
         M: Clone,
         F: Fn(AdminClient, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        let mut last = QueryError::from(Status::unavailable("no replica"));
+        let mut last = Status::unavailable("no replica");
         for replica in &self.replicas {
-            let call = rpc(replica.admin.clone(), self.admin_request(message.clone()));
+            let call = rpc(replica.admin.clone(), self.timed_request(message.clone()));
             match self.within_timeout(call).await {
                 Ok(answer) => return Ok(answer),
-                Err(error) if passes_on(error.code) => last = error,
-                Err(error) => return Err(error),
+                Err(status) if PrefixOutcome::from_status(&status).fails_over() => last = status,
+                Err(status) => return Err(status.into()),
             }
         }
-        Err(last)
+        Err(last.into())
     }
-
-    fn admin_request<M>(&self, message: M) -> Request<M> {
-        let mut request = Request::new(message);
-        request.set_timeout(self.query_timeout);
-        request
-    }
-
-    async fn within_timeout<T>(
-        &self,
-        call: impl Future<Output = Result<Response<T>, Status>>,
-    ) -> Result<T, QueryError> {
-        match tokio::time::timeout(self.query_timeout, call).await {
-            Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(transport_is_unavailable(status).into()),
-            Err(_) => Err(self.spent().into()),
-        }
-    }
-}
-
-/// Whether another replica may answer what this one did not.
-fn passes_on(code: tonic::Code) -> bool {
-    matches!(
-        code,
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::ResourceExhausted
-    )
 }

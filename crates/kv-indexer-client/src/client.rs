@@ -226,20 +226,37 @@ impl IndexerClient {
     pub async fn health(&self) -> Vec<(&Endpoint, Result<ServingStatus, QueryError>)> {
         let mut answers = Vec::with_capacity(self.replicas.len());
         for replica in &self.replicas {
-            let mut request = Request::new(tonic_health::pb::HealthCheckRequest {
+            let request = self.timed_request(tonic_health::pb::HealthCheckRequest {
                 service: String::new(),
             });
-            request.set_timeout(self.query_timeout);
             let mut health = replica.health.clone();
-            let answer = match tokio::time::timeout(self.query_timeout, health.check(request)).await
-            {
-                Ok(Ok(response)) => Ok(response.into_inner().status()),
-                Ok(Err(status)) => Err(transport_is_unavailable(status).into()),
-                Err(_) => Err(self.spent().into()),
-            };
-            answers.push((&replica.endpoint, answer));
+            let answer = self.within_timeout(health.check(request)).await;
+            answers.push((
+                &replica.endpoint,
+                answer.map(|r| r.status()).map_err(Into::into),
+            ));
         }
         answers
+    }
+
+    /// `message` as a request carrying the query timeout (an operator's call to one replica).
+    pub(crate) fn timed_request<M>(&self, message: M) -> Request<M> {
+        let mut request = Request::new(message);
+        request.set_timeout(self.query_timeout);
+        request
+    }
+
+    /// One call to one replica, bounded by the query timeout here too; a failed transport is
+    /// UNAVAILABLE (see [`transport_is_unavailable`]).
+    pub(crate) async fn within_timeout<T>(
+        &self,
+        call: impl Future<Output = Result<Response<T>, Status>>,
+    ) -> Result<T, Status> {
+        match tokio::time::timeout(self.query_timeout, call).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(transport_is_unavailable(status)),
+            Err(_) => Err(self.spent()),
+        }
     }
 
     /// The workers holding the longest prefix of a prompt's block `hashes` (prompt order).
