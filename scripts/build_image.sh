@@ -222,21 +222,29 @@ redis_setup() { # the data directory, owned by the package's user
   chroot "$1" chown redis:redis /data
 }
 
-make_redis() {
-  if has_image "$REDIS_TAG"; then
-    echo "$REDIS_TAG exists: not made again"
+# make_service_image TAG NAME PACKAGE SETUP [--change …]…: TAG, when missing, from the cached
+# minbase bootstrap NAME with PACKAGE (SETUP run on it), `docker import`ed with the changes.
+make_service_image() {
+  local tag=$1 name=$2 package=$3 setup=$4
+  shift 4
+  if has_image "$tag"; then
+    echo "$tag exists: not made again"
     return
   fi
   local tar
-  tar=$(rootfs_tar "$SUITE-minbase-redis" redis-server redis_setup)
+  tar=$(rootfs_tar "$SUITE-minbase-$name" "$package" "$setup")
+  docker import --message "debootstrap --variant=minbase --include=$package $SUITE $MIRROR" \
+    "$@" "$tar" "$tag" >/dev/null
+  echo "made $tag from Debian's packages"
+}
+
+make_redis() {
   # As the official image: redis-server in the foreground on /data, reachable from other
   # containers (without a config file Redis 7 refuses them: protected mode). SIGTERM, the
   # default stop signal, saves the AOF (docker import takes no STOPSIGNAL).
-  docker import --message "debootstrap --variant=minbase --include=redis-server $SUITE $MIRROR" \
+  make_service_image "$REDIS_TAG" redis redis-server redis_setup \
     --change 'USER redis' --change 'WORKDIR /data' --change 'VOLUME /data' --change 'EXPOSE 6379' \
-    --change 'CMD ["redis-server", "--protected-mode", "no"]' \
-    "$tar" "$REDIS_TAG" >/dev/null
-  echo "made $REDIS_TAG from Debian's packages"
+    --change 'CMD ["redis-server", "--protected-mode", "no"]'
 }
 
 prometheus_setup() { # the data directory, owned by the package's user
@@ -245,21 +253,13 @@ prometheus_setup() { # the data directory, owned by the package's user
 }
 
 make_prometheus() {
-  if has_image "$PROMETHEUS_TAG"; then
-    echo "$PROMETHEUS_TAG exists: not made again"
-    return
-  fi
-  local tar
-  tar=$(rootfs_tar "$SUITE-minbase-prometheus" prometheus prometheus_setup)
   # As the official image: prometheus as the entrypoint (on PATH there too), its data in
   # /prometheus, the configuration in /etc/prometheus (Debian's own example until a compose
   # file mounts one), the web UI and API on 9090.
-  docker import --message "debootstrap --variant=minbase --include=prometheus $SUITE $MIRROR" \
+  make_service_image "$PROMETHEUS_TAG" prometheus prometheus prometheus_setup \
     --change 'USER prometheus' --change 'WORKDIR /prometheus' --change 'VOLUME /prometheus' \
     --change 'EXPOSE 9090' --change 'ENTRYPOINT ["prometheus"]' \
-    --change 'CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]' \
-    "$tar" "$PROMETHEUS_TAG" >/dev/null
-  echo "made $PROMETHEUS_TAG from Debian's packages"
+    --change 'CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]'
 }
 
 build_image() {

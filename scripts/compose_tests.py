@@ -457,8 +457,7 @@ METRIC_NAME = re.compile(r"\b(kv_[a-z0-9_]+|process_[a-z0-9_]+|up)\b(?![-\"])")
 
 
 def prometheus_api(c, path):
-    with urllib.request.urlopen(f"{c.project.url('prometheus', 9090)}/api/v1/{path}", timeout=10) as resp:
-        answer = json.loads(resp.read())
+    answer = h.http_json(f"{c.project.url('prometheus', 9090)}/api/v1/{path}")
     if answer.get("status") != "success":
         raise RuntimeError(f"Prometheus /api/v1/{path}: {answer}")
     return answer["data"]
