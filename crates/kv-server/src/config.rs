@@ -270,6 +270,7 @@ impl Config {
                 snapshot_method: args.snapshot_method,
                 discard_corrupt: args.discard_corrupt_state,
                 fleet,
+                clock: Default::default(),
             },
         })
     }

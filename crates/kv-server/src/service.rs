@@ -34,6 +34,7 @@ use kv_indexer_proto::convert;
 use kv_indexer_proto::prefix_wire::{self, EncodedPrefixResponse, PrefixMatchRef};
 use kv_indexer_proto::v1::kv_indexer_server::KvIndexerServer;
 use kv_state::cell::{self, IndexCell};
+use kv_state::clock::Clock;
 use kv_state::error::ChangeError;
 use kv_state::fleet::Freshness;
 use kv_state::writer::Writer;
@@ -65,6 +66,8 @@ pub struct Shared {
     pool: QueryPool,
     /// Routers' predicted placements (memory only: `crate::predict`).
     predictions: Predictions,
+    /// What predictions' TTLs run on (the state's clock).
+    clock: Clock,
 }
 
 /// The health every listener serves, published in order.
@@ -107,6 +110,7 @@ impl Shared {
             fleet: std::sync::OnceLock::new(),
             pool,
             predictions: Predictions::new(PREDICTIONS_MAX_ENTRIES, PREDICTIONS_MAX_TTL),
+            clock: config.state.clock.clone(),
         })
     }
 
@@ -326,7 +330,7 @@ impl Shared {
             .map(|hit| (index.worker_address(hit.worker), hit.matched_prefix_blocks));
         let mut predicted: Vec<pb::ExternalKvPrefixMatch> = self
             .predictions
-            .extend(&request.hashes[..limit], confirmed, Instant::now())
+            .extend(&request.hashes[..limit], confirmed, self.clock.now())
             .into_iter()
             .map(|(worker, blocks)| pb::ExternalKvPrefixMatch {
                 worker_address: worker,
@@ -394,7 +398,7 @@ impl IndexerService {
             &request.worker_address,
             &request.hashes,
             Duration::from_millis(u64::from(request.ttl_ms)),
-            Instant::now(),
+            self.shared.clock.now(),
         );
         observe::predictions(recorded, self.shared.predictions.len());
         Ok(pb::PredictExternalKvResponse {

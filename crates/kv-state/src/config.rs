@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::clock::Clock;
 use crate::stream::StreamConfig;
 
 /// How the local log is made durable (`KV_INDEXER_LOG_SYNC`).
@@ -51,6 +52,8 @@ pub struct StateConfig {
     pub discard_corrupt: bool,
     /// A shared log: this state is one replica of a fleet.
     pub fleet: Option<FleetConfig>,
+    /// What worker TTLs are measured on (the system's clocks, unless a test moves it on).
+    pub clock: Clock,
 }
 
 impl Default for StateConfig {
@@ -63,6 +66,7 @@ impl Default for StateConfig {
             snapshot_method: SnapshotMethod::Fork,
             discard_corrupt: false,
             fleet: None,
+            clock: Clock::default(),
         }
     }
 }

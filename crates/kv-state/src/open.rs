@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::cell::{IndexCell, IndexWriter};
-use crate::clock::now_ms;
 use crate::config::{StateConfig, sweep_interval};
 use crate::dir::StateDir;
 use crate::durable::Durable;
@@ -39,8 +38,14 @@ pub fn open(cell: &IndexCell, settings: &StateConfig) -> Result<Opened, StateErr
     }
     let Some(path) = &settings.dir else {
         let index = IndexWriter::new(cell.clone());
-        let writer = Writer::start(index, None, Meta::new(), settings.worker_ttl)
-            .map_err(StateError::Thread)?;
+        let writer = Writer::start(
+            index,
+            None,
+            Meta::new(),
+            settings.worker_ttl,
+            settings.clock.clone(),
+        )
+        .map_err(StateError::Thread)?;
         return Ok(Opened {
             writer,
             freshness: None,
@@ -65,7 +70,7 @@ pub fn open(cell: &IndexCell, settings: &StateConfig) -> Result<Opened, StateErr
         took_ms = started.elapsed().as_millis() as u64,
         "state recovered"
     );
-    fresh_ttl(&mut meta, now_ms());
+    fresh_ttl(&mut meta, settings.clock.now_ms());
     // Both copies: the published one, and the writer's clone of it.
     let mut copies = IndexWriter::new(cell.clone());
     copies.replace(index);
@@ -77,8 +82,14 @@ pub fn open(cell: &IndexCell, settings: &StateConfig) -> Result<Opened, StateErr
         settings.sync,
         settings.snapshot_method,
     );
-    let writer = Writer::start(copies, Some(durable), meta, settings.worker_ttl)
-        .map_err(StateError::Thread)?;
+    let writer = Writer::start(
+        copies,
+        Some(durable),
+        meta,
+        settings.worker_ttl,
+        settings.clock.clone(),
+    )
+    .map_err(StateError::Thread)?;
     Ok(Opened {
         writer,
         freshness: None,

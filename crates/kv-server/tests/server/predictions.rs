@@ -7,6 +7,8 @@ use std::time::Duration;
 use kv_indexer_client::endpoint::Endpoint;
 use kv_indexer_client::{ClientConfig, IndexerClient, PrefixOutcome};
 use kv_indexer_proto::v1 as pb;
+use kv_server::config::Config;
+use kv_state::clock::Clock;
 use kv_testkit::TestIndexer;
 use kv_testkit::indexer::{HBM, REPORT, REVOKE, action, apply_request, prefix_request};
 use tonic::Code;
@@ -119,7 +121,10 @@ async fn predictions_are_answered_apart_only_when_asked_and_never_outrank_a_conf
 
 #[tokio::test]
 async fn a_prediction_never_outlives_its_ttl() {
-    let server = TestIndexer::start().await;
+    let clock = Clock::default();
+    let mut config = Config::default();
+    config.state.clock = clock.clone();
+    let server = TestIndexer::with_config(config).await;
     let mut client = server.client();
     client
         .predict_external_kv(predict("a", vec![1, 2], 150))
@@ -131,7 +136,7 @@ async fn a_prediction_never_outlives_its_ttl() {
         before.matches.is_empty(),
         "a prediction is never a placement"
     );
-    tokio::time::sleep(Duration::from_millis(160)).await;
+    clock.advance(Duration::from_millis(160));
     let after = answer(&server, with_predictions(vec![1, 2])).await;
     assert!(after.predicted.is_empty());
 }

@@ -12,7 +12,7 @@ use tracing::{error, warn};
 
 use super::applier::Applier;
 use super::waiters::{Waiter, Waiters};
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::error::{ChangeError, StateError};
 use crate::record::Record;
 use crate::stream::{Stream, StreamConfig, StreamError};
@@ -27,6 +27,8 @@ pub(super) struct Appender {
     pub(super) waiters: Waiters,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) applier: Option<JoinHandle<Applier>>,
+    /// The time each record carries.
+    pub(super) clock: Clock,
 }
 
 impl Appender {
@@ -41,7 +43,7 @@ impl Appender {
                     }
                     Job::Record { change, reply } => {
                         let record = Record {
-                            time_ms: now_ms(),
+                            time_ms: self.clock.now_ms(),
                             change,
                         };
                         entries.push(self.wait_for(record.encode(), Waiter::Record(reply)));

@@ -18,7 +18,7 @@ use super::rollback::Rollback;
 use super::waiters::{Outcome, Waiters};
 use crate::apply::apply_record;
 use crate::cell::{Changing, IndexWriter};
-use crate::clock::now_ms;
+use crate::clock::{Clock, now_ms};
 use crate::dir::StateDir;
 use crate::error::{ChangeError, StateError};
 use crate::meta::{ExpiryGuard, Meta};
@@ -57,6 +57,8 @@ pub(super) struct Applier {
     pub(super) freshness: Arc<Freshness>,
     pub(super) dir: Option<StateDir>,
     pub(super) worker_ttl: Option<Duration>,
+    /// What worker TTLs, the sweep's schedule and its grace are measured on.
+    pub(super) clock: Clock,
     pub(super) snapshot_interval: Option<Duration>,
     pub(super) base: Option<Base>,
     pub(super) building: Option<JoinHandle<(u64, Result<Base, StateError>)>>,
@@ -196,7 +198,7 @@ impl Applier {
         {
             self.freshness.caught_up(read_at);
             self.freshness.ready.store(true, Ordering::Release);
-            self.ready_since = Instant::now();
+            self.ready_since = self.clock.now();
             let stats = self.index.published().stats();
             info!(
                 position = self.next,

@@ -11,7 +11,6 @@ use tracing::{debug, info, warn};
 
 use super::applier::{Applier, Restart};
 use super::build::{Build, write_local};
-use crate::clock::now_ms;
 use crate::config::sweep_interval;
 use crate::error::StateError;
 use crate::meta::due_for_expiry;
@@ -93,12 +92,14 @@ impl Applier {
         let every = sweep_interval(ttl);
         // A grace of one TTL after this replica became ready: after the whole fleet was
         // down, bridges get the time to send again before their workers look silent.
-        if self.last_sweep.elapsed() < every || self.ready_since.elapsed() < ttl {
+        let at = self.clock.now();
+        let since = |then: Instant| at.saturating_duration_since(then);
+        if since(self.last_sweep) < every || since(self.ready_since) < ttl {
             return Ok(());
         }
-        self.last_sweep = Instant::now();
-        let now = now_ms();
-        let expired = due_for_expiry(&self.meta, ttl, now, Instant::now(), &mut self.expiry_guard);
+        self.last_sweep = at;
+        let now = self.clock.now_ms();
+        let expired = due_for_expiry(&self.meta, ttl, now, at, &mut self.expiry_guard);
         if expired.is_empty() {
             return Ok(());
         }
@@ -130,7 +131,7 @@ impl Applier {
         let lost = rollback.lost_workers(&self.meta);
         let entries = rollback.entries_lost();
         if !lost.is_empty() {
-            self.append_expiry(now_ms(), lost.clone())?;
+            self.append_expiry(self.clock.now_ms(), lost.clone())?;
         }
         crate::observe::fleet_entries_lost(entries);
         let names: Vec<&str> = lost.iter().map(|(id, _)| id.as_str()).collect();

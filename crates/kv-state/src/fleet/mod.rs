@@ -90,7 +90,7 @@ pub fn start(
         ready_at: None,
         last_origin: None,
         generation: 0,
-        ready_since: Instant::now(),
+        ready_since: settings.clock.now(),
         expiries: 0,
         epoch: None,
         stream: None,
@@ -98,13 +98,14 @@ pub fn start(
         freshness: freshness.clone(),
         dir,
         worker_ttl,
+        clock: settings.clock.clone(),
         snapshot_interval,
         base: None,
         building: None,
         last_snapshot: Instant::now(),
         last_upkeep: None,
         last_overlap_check: None,
-        last_sweep: Instant::now(),
+        last_sweep: settings.clock.now(),
         lease: false,
         expiry_guard: Default::default(),
         skipped: 0,
@@ -123,8 +124,13 @@ pub fn start(
         waiters,
         stop,
         applier: Some(applier),
+        clock: settings.clock.clone(),
     };
-    let writer = Writer::start_with("kv-indexer-appender", move |queue| appender.run(queue))
-        .map_err(StateError::Thread)?;
+    let writer = Writer::start_with(
+        "kv-indexer-appender",
+        settings.clock.clone(),
+        move |queue| appender.run(queue),
+    )
+    .map_err(StateError::Thread)?;
     Ok(Started { writer, freshness })
 }

@@ -262,6 +262,7 @@ async fn an_apply_is_answered_only_once_queries_see_it() {
         None,
         kv_state::meta::Meta::new(),
         None,
+        Default::default(),
     )
     .unwrap();
     let request = kv_indexer_proto::v1::ApplyExternalKvBatchRequest {

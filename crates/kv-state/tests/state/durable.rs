@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use kv_index::Index;
 use kv_indexer_proto::convert;
+use kv_state::clock::Clock;
 use kv_state::config::{SnapshotMethod, StateConfig, SyncPolicy};
 use kv_state::dir::DirError;
 use kv_state::error::{ChangeError, StateError};
@@ -178,15 +179,16 @@ async fn an_older_bridge_incarnation_is_fenced_and_changes_nothing_even_after_a_
 #[tokio::test]
 async fn a_silent_worker_expires_unless_every_worker_does() {
     let dir = kv_testkit::temp_dir(PREFIX, "ttl");
+    let clock = Clock::default();
     let ttl = StateConfig {
         worker_ttl: Some(Duration::from_millis(1000)),
+        clock: clock.clone(),
         ..dir_settings(&dir)
     };
     let state = State::open(ttl.clone()).await.unwrap();
     state.apply(report("alive", &[1, 2])).await.unwrap();
     state.apply(report("dead", &[2, 3])).await.unwrap();
-    // Waiting out the TTL is the behaviour under test.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    clock.advance(Duration::from_millis(1300));
     state.apply(apply("alive", Vec::new())).await.unwrap();
     state.writer.sweep();
     kv_testkit::wait::until("the dead worker's placements purged", || {
@@ -195,13 +197,14 @@ async fn a_silent_worker_expires_unless_every_worker_does() {
     })
     .await;
     // Now both go silent: expiring every live worker at once is refused.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    clock.advance(Duration::from_millis(1300));
     state.writer.sweep();
     // The snapshot is queued behind the sweep: answered, the sweep has run.
     snapshot(&state).await;
     assert_eq!(state.stats().placements, 2, "mass expiry refused");
     state.stop().await;
     // After a restart every worker has a fresh TTL: nothing expires at once.
+    clock.advance(Duration::from_millis(1300));
     let reopened = State::open(ttl).await.unwrap();
     reopened.writer.sweep();
     snapshot(&reopened).await;

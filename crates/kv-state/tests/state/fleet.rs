@@ -13,6 +13,7 @@ use std::time::Duration;
 use kv_index::Index;
 use kv_indexer_proto::convert;
 use kv_indexer_proto::v1 as pb;
+use kv_state::clock::Clock;
 use kv_state::config::{FleetConfig, StateConfig};
 use kv_state::error::ChangeError;
 use kv_state::stream::StreamConfig;
@@ -27,6 +28,7 @@ struct ReplicaSettings {
     state_dir: Option<PathBuf>,
     snapshot_every: Option<Duration>,
     worker_ttl: Option<Duration>,
+    clock: Clock,
     max_lag: Duration,
 }
 
@@ -36,6 +38,7 @@ impl Default for ReplicaSettings {
             state_dir: None,
             snapshot_every: None,
             worker_ttl: None,
+            clock: Clock::default(),
             max_lag: Duration::from_millis(1000),
         }
     }
@@ -50,6 +53,7 @@ fn settings(redis: &RedisServer, replica: ReplicaSettings) -> StateConfig {
             max_lag: replica.max_lag,
         }),
         worker_ttl: replica.worker_ttl,
+        clock: replica.clock,
         ..Default::default()
     }
 }
@@ -442,18 +446,21 @@ async fn worker_expiry_is_decided_once_through_the_log() {
     let Some(redis) = RedisServer::start(false) else {
         return;
     };
+    let clock = Clock::default();
     let ttl = || ReplicaSettings {
         worker_ttl: Some(Duration::from_millis(1500)),
+        clock: clock.clone(),
         ..ReplicaSettings::default()
     };
     let a = serving(&redis, ttl()).await;
     let b = serving(&redis, ttl()).await;
     a.apply(report("w-dead", &[1, 2])).await.unwrap();
     // w-live keeps sending (as a bridge's heartbeat would); w-dead goes silent.
-    for i in 0..12 {
+    for i in 0..3 {
         a.apply(report("w-live", &[100 + i])).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        clock.advance(Duration::from_millis(1000));
     }
+    a.apply(report("w-live", &[103])).await.unwrap();
     wait::until("w-dead is expired", || {
         let expired = a
             .export()

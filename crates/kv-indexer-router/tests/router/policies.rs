@@ -1,8 +1,6 @@
 //! The router over real sockets: fake SGLang workers (axum), the real Indexer server in-process,
 //! and the router in front; every policy, the Indexer's failure classes, and streaming.
 
-mod test_router;
-
 use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
@@ -10,9 +8,10 @@ use kv_indexer_client::hashing::{HashConfig, block_hashes};
 use kv_testkit::indexer::HBM;
 use kv_testkit::{Port, TestIndexer, wait};
 use serde_json::{Value, json};
-use test_router::TestRouter;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+use crate::common::TestRouter;
 
 const BLOCK: usize = 16;
 
@@ -100,7 +99,7 @@ async fn start_router(argv: &[&str]) -> TestRouter {
         "--health-interval-secs",
         "1",
     ];
-    test_router::start(defaults.iter().chain(argv), CancellationToken::new()).await
+    crate::common::start(defaults.iter().chain(argv), CancellationToken::new()).await
 }
 
 impl TestRouter {
@@ -313,7 +312,7 @@ async fn health_says_whether_the_router_can_route_and_a_late_worker_joins_at_onc
     // The only worker listens only after the router's first health check failed. With a
     // health interval of 10 minutes, only checking again soon after a failure brings it in.
     let port = Port::reserve();
-    let router = test_router::spawn(
+    let router = crate::common::spawn(
         [
             "kv-indexer-router",
             "--worker-urls",

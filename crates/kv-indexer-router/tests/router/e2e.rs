@@ -3,8 +3,6 @@
 //! holding a prompt's prefix, serving by load when the Indexer is gone, and a warning (and no
 //! affinity) when worker URLs and bridge addresses differ.
 
-mod test_router;
-
 use clap::Parser;
 use kv_indexer_client::vllm_hashing::{VllmHashAlgo, VllmHasher};
 use kv_indexer_router::config::{Args, RouterConfig};
@@ -13,7 +11,8 @@ use kv_indexer_sim::Config as SimConfig;
 use kv_testkit::indexer::prefix_request;
 use kv_testkit::wait;
 use serde_json::{Value, json};
-use test_router::{Fleet, TestRouter, fleet, fleet_of, start_workers};
+
+use crate::common::{Fleet, TestRouter, fleet, fleet_of, start_workers};
 
 async fn router(fleet: &Fleet) -> TestRouter {
     router_with(fleet, &[]).await
@@ -31,7 +30,7 @@ async fn router_with(fleet: &Fleet, extra: &[&str]) -> TestRouter {
         "64".into(),
     ];
     argv.extend(extra.iter().map(|flag| flag.to_string()));
-    test_router::start(argv, fleet.stop.child_token()).await
+    crate::common::start(argv, fleet.stop.child_token()).await
 }
 
 /// What the router said about one request, and the worker's answer.
@@ -52,7 +51,7 @@ impl Routed {
 
 impl TestRouter {
     /// `/generate` of `tokens`: the worker that served it and its `cached_tokens`.
-    async fn generate(&self, tokens: &[u64]) -> (String, u64) {
+    async fn generate_tokens(&self, tokens: &[u64]) -> (String, u64) {
         let routed = self.post(json!({"input_ids": tokens})).await;
         let cached = routed.meta("cached_tokens");
         (routed.worker, cached)
@@ -110,7 +109,7 @@ async fn until_cached(router: &TestRouter, tokens: &[u64]) -> (String, u64) {
     wait::until(
         "the prompt to reach a worker holding its prefix",
         || async {
-            let (worker, cached) = router.generate(tokens).await;
+            let (worker, cached) = router.generate_tokens(tokens).await;
             (cached > 0).then_some((worker, cached))
         },
     )
@@ -123,7 +122,7 @@ async fn a_prompt_with_a_new_suffix_goes_to_the_worker_holding_its_prefix() {
     let router = router(&fleet).await;
     let mut homes = Vec::new();
     for seed in 1..=3 {
-        let (worker, cached) = router.generate(&with_suffix(&document(seed), 1)).await;
+        let (worker, cached) = router.generate_tokens(&with_suffix(&document(seed), 1)).await;
         assert_eq!(cached, 0);
         homes.push(worker);
     }
@@ -150,10 +149,10 @@ async fn a_prompt_with_a_new_suffix_goes_to_the_worker_holding_its_prefix() {
 async fn with_the_indexer_stopped_requests_are_served_by_load_and_the_fallback_is_logged() {
     let mut fleet = fleet(2, |url| url.to_string()).await;
     let router = router(&fleet).await;
-    router.generate(&document(7)).await;
+    router.generate_tokens(&document(7)).await;
     fleet.indexer.shut_down().await;
     for _ in 0..4 {
-        let (worker, _) = router.generate(&with_suffix(&document(7), 9)).await;
+        let (worker, _) = router.generate_tokens(&with_suffix(&document(7), 9)).await;
         assert!(fleet.workers.contains(&worker));
     }
     assert!(
@@ -180,12 +179,12 @@ async fn a_worker_url_that_differs_by_a_trailing_slash_gets_no_affinity_and_a_wa
     )
     .await;
     let tokens = with_suffix(&document(11), 1);
-    router.generate(&tokens).await;
+    router.generate_tokens(&tokens).await;
     wait::until("a warning about the unmatched address", || async {
         if router.logs().unknown_address.total() > 0 {
             return Some(());
         }
-        router.generate(&tokens).await;
+        router.generate_tokens(&tokens).await;
         None
     })
     .await;
@@ -405,7 +404,7 @@ async fn one_indexer_serves_an_sglang_fleet_and_a_vllm_fleet_each_router_its_own
     )
     .await;
     let sglang = router(&fleet).await;
-    let vllm = test_router::start(
+    let vllm = crate::common::start(
         [
             "kv-indexer-router",
             "--engine",
@@ -425,7 +424,7 @@ async fn one_indexer_serves_an_sglang_fleet_and_a_vllm_fleet_each_router_its_own
     assert_eq!(learned, Some(vllm_sim().hash()));
     // One document through both routers: each fleet caches it in its own hash space.
     let document = document(7);
-    let (sglang_home, cached) = sglang.generate(&with_suffix(&document, 1)).await;
+    let (sglang_home, cached) = sglang.generate_tokens(&with_suffix(&document, 1)).await;
     assert_eq!(cached, 0);
     let (vllm_home, _, cached) = vllm.complete(&with_suffix(&document, 1)).await;
     assert_eq!(cached, 0);
@@ -495,7 +494,7 @@ async fn a_worker_hashing_with_another_seed_is_never_matched_and_its_counter_sho
         "--cache-affinity-min-matched-tokens",
         "64",
     ];
-    let router = test_router::spawn(argv, stop.child_token(), Some(metrics.clone())).await;
+    let router = crate::common::spawn(argv, stop.child_token(), Some(metrics.clone())).await;
     wait::until("the router to learn vLLM's hashing", || async {
         router.state.hashing.read().is_some().then_some(())
     })
