@@ -1,12 +1,12 @@
 //! gRPC requests into the index, checked against the naive reference model of
-//! `crates/kv-index/tests/model/reference.rs`. The input is a length-prefixed SGLang msgpack
+//! `crates/kv-index/tests/index/model/reference.rs`. The input is a length-prefixed SGLang msgpack
 //! payload (seeded with the captured batches), applied as the bridge would send it, then
 //! operations: each is built as the wire message, encoded and decoded with prost (or decoded
 //! from raw fuzz bytes), converted as the server converts it, and run on both. Every answer,
 //! error and size must be equal, and the index's own invariants must hold after every step.
 #![no_main]
 
-#[path = "../../crates/kv-index/tests/model/reference.rs"]
+#[path = "../../crates/kv-index/tests/index/model/reference.rs"]
 #[allow(dead_code)]
 mod reference;
 

@@ -122,7 +122,9 @@ async fn a_prompt_with_a_new_suffix_goes_to_the_worker_holding_its_prefix() {
     let router = router(&fleet).await;
     let mut homes = Vec::new();
     for seed in 1..=3 {
-        let (worker, cached) = router.generate_tokens(&with_suffix(&document(seed), 1)).await;
+        let (worker, cached) = router
+            .generate_tokens(&with_suffix(&document(seed), 1))
+            .await;
         assert_eq!(cached, 0);
         homes.push(worker);
     }

@@ -5,8 +5,6 @@
 //! Every test is a small table run through a helper of its area. Expected answers are written
 //! out literally from the contract; none is computed by calling the index.
 
-mod requests;
-
 use kv_index::{
     ActionKind, ActionRequest, ApplyRequest, CacheSpec, ErrorClass, Index, IndexStats, NodeMatch,
     PrefixAnswer, PrefixMatch, Tier, TierHashes, ValidationError, validate_lookup, validate_prefix,
@@ -36,8 +34,8 @@ const HBM_BIT: u32 = 2;
 const DRAM_BIT: u32 = 4;
 const SSD_BIT: u32 = 8;
 
+use crate::requests::action;
 use ErrorClass::{InvalidArgument, ResourceExhausted};
-use requests::action;
 
 /// A legacy REPORT: no masks, no sizes.
 fn report(tier: i32, hashes: &[i64]) -> ActionRequest {

@@ -17,9 +17,7 @@
 //!
 //! The case count defaults to 2000 and can be overridden with `KV_INDEX_MODEL_CASES`.
 
-#[path = "model/reference.rs"]
 mod reference;
-mod requests;
 
 use kv_index::{
     ActionRequest, ApplyRequest, CacheSpec, Effects, ImageInput, Index, MAX_ACTIONS_PER_APPLY,
@@ -30,7 +28,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, RngAlgorithm};
 use reference::Model;
 // `action` names this file's strategy.
-use requests::action as act;
+use crate::requests::action as act;
 
 const FULL: u32 = 1;
 const SWA: u32 = 2;
@@ -935,7 +933,7 @@ fn config() -> ProptestConfig {
             // Absolute, so that running the test binary from anywhere finds the same file.
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/tests/model.proptest-regressions"
+                "/tests/index/model.proptest-regressions"
             ),
         ))),
         // ChaCha, the default, dominates the run time in debug builds.
