@@ -28,6 +28,11 @@ use crate::{batch, replay, subscriber};
 /// Replayed batches remembered to tell a duplicate live batch from a publisher restart.
 const REMEMBERED_REPLAYS: usize = 100_000;
 
+/// A stream quiet this long after a message is checked once against the replay endpoint for
+/// batches published after the last one seen: a lost *last* batch shows no gap until the next
+/// message, and meanwhile the index would keep the blocks it removed.
+pub const QUIET_PROBE_AFTER: Duration = Duration::from_secs(1);
+
 /// Runs the bridge until `stop` is cancelled or a permanent error. Logs the configuration's
 /// warnings and registers the metrics first ([`stats::register`]).
 pub async fn run(
@@ -130,11 +135,19 @@ impl Stream {
     ) -> Followed {
         let mut failures = 0u32;
         let resync = self.resync.clone();
+        // Armed by each message, fired once per quiet spell.
+        let quiet = tokio::time::sleep(QUIET_PROBE_AFTER);
+        tokio::pin!(quiet);
+        let mut probed = true;
         loop {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return Followed::Stopped,
                 () = resync.notified() => self.resync(ClearReason::IndexLost).await,
+                () = &mut quiet, if !probed => {
+                    probed = true;
+                    self.probe_quiet().await;
+                }
                 event = next_event(&mut subscription.monitor) => match event {
                     Some(SocketEvent::Disconnected(_)) => {
                         self.stats.reconnect();
@@ -148,6 +161,8 @@ impl Stream {
                     Ok(message) => {
                         failures = 0;
                         self.live(message.into_vec()).await;
+                        probed = false;
+                        quiet.as_mut().reset(tokio::time::Instant::now() + QUIET_PROBE_AFTER);
                     }
                     Err(error) => {
                         // Fails when a peer goes away; the monitor's Disconnected ends the connection.
@@ -260,16 +275,7 @@ impl Stream {
                         self.clear(reason);
                     }
                 }
-                for (seq, payload) in batches.into_iter().filter(|(seq, _)| *seq < until) {
-                    if self.replayed.len() == REMEMBERED_REPLAYS {
-                        self.replayed.pop_front();
-                    }
-                    self.replayed.push_back((seq, payload_hash(&payload)));
-                    if until == u64::MAX {
-                        self.tracker.advance_to(seq);
-                    }
-                    self.process(seq, &payload);
-                }
+                self.take_replayed(batches, until);
             }
             Err(error) => {
                 self.stats.replay(Replayed::Failed);
@@ -278,6 +284,58 @@ impl Stream {
                     self.clear(reason);
                 }
             }
+        }
+    }
+
+    /// After a quiet spell: asks the replay endpoint for what was published after the last
+    /// batch seen. Nothing is the usual answer; batches are ones the live path lost, applied
+    /// now; a buffer that starts later than asked lost events, and the worker is cleared.
+    async fn probe_quiet(&mut self) {
+        let (Some(endpoint), Some(from)) =
+            (self.config.replay_endpoint.clone(), self.tracker.expected())
+        else {
+            return;
+        };
+        match replay::fetch(&endpoint, from, self.config.replay_timeout).await {
+            Ok(batches) if batches.is_empty() => {
+                debug!(from, "the stream is quiet and nothing was published since");
+            }
+            Ok(batches) => {
+                self.stats.gap();
+                let first = batches.first().map(|(seq, _)| *seq);
+                let outcome = Replayed::of(from, first, false);
+                self.stats.replay(outcome);
+                if outcome == Replayed::Ok {
+                    warn!(
+                        from,
+                        batches = batches.len(),
+                        "the stream's last batches before a quiet spell were lost: replayed them"
+                    );
+                } else {
+                    warn!(asked = from, first = ?first, "the stream's last batches before a quiet spell were lost, and the replay starts later: clearing the worker");
+                    self.clear(ClearReason::Gap);
+                }
+                self.take_replayed(batches, u64::MAX);
+            }
+            Err(error) => {
+                self.stats.replay(Replayed::Failed);
+                warn!(%error, from, "the stream is quiet and the replay endpoint did not answer: a batch lost just before would show only at the next message");
+            }
+        }
+    }
+
+    /// Applies replayed `batches` before seq `until` (all, when `u64::MAX`, which also moves
+    /// the sequence on past them), remembering them to drop their live copies.
+    fn take_replayed(&mut self, batches: Vec<(u64, Bytes)>, until: u64) {
+        for (seq, payload) in batches.into_iter().filter(|(seq, _)| *seq < until) {
+            if self.replayed.len() == REMEMBERED_REPLAYS {
+                self.replayed.pop_front();
+            }
+            self.replayed.push_back((seq, payload_hash(&payload)));
+            if until == u64::MAX {
+                self.tracker.advance_to(seq);
+            }
+            self.process(seq, &payload);
         }
     }
 

@@ -171,6 +171,30 @@ async fn check_captured_arrive(mut setup: Setup) {
     setup.stop_after_clears(1, "only the start-up clear").await;
 }
 
+/// A batch lost on the live path shows as a gap only when the next one arrives; when it was
+/// the last before a quiet spell, the bridge asks the replay router once the stream has been
+/// quiet for a while, and applies it (here a removal, which the index would otherwise keep).
+#[tokio::test]
+async fn heals_a_lost_last_batch_once_the_stream_goes_quiet() {
+    let mut setup = Setup::with_replay().await;
+    let universe = BTreeSet::from([1, 2]);
+    setup.publish_buffered(0, gpu(&[1, 2])).await;
+    setup.wait_for(&held(&[(1, &[1, 2])]), &universe).await;
+    // Batch 1 reaches the replay buffer but not the subscriber, and nothing follows it.
+    let lost = batch(vec![removed(&[2], "GPU")]);
+    setup.worker.buffer().lock().push((1, lost));
+    setup.wait_for(&held(&[(1, &[1])]), &universe).await;
+    let stats = &setup.bridge.stats;
+    assert_eq!(Stats::get(&stats.gaps), 1);
+    assert_eq!(Stats::get(&stats.replays_failed), 0);
+    // The live path's next batch continues after the replayed one: no second gap.
+    setup.publish_buffered(2, gpu(&[3])).await;
+    let universe = BTreeSet::from([1, 2, 3]);
+    setup.wait_for(&held(&[(1, &[1, 3])]), &universe).await;
+    assert_eq!(Stats::get(&setup.bridge.stats.gaps), 1);
+    setup.stop_after_clears(1, "only the start-up clear").await;
+}
+
 #[tokio::test]
 async fn heals_a_gap_exactly_from_the_replay_router() {
     let mut setup = Setup::with_replay().await;
