@@ -1,13 +1,19 @@
 //! The block hash table: block hash -> where the block is stored.
 //!
-//! Open addressing over 16-byte slots that hold the key next to its value, four to a 64-byte
-//! bucket aligned to a cache line. A hash's probe starts at its home bucket's first slot and
-//! goes on slot by slot (linear probing from a line boundary), so a lookup or an insert
-//! usually touches that one line, where a control-byte table touches two. A probe from a home
-//! *slot* would start anywhere in a line: near the table's top load an insert's probe runs
-//! about 13 slots, over 3-4 lines from a random start, and an insert is mostly that probe.
-//! There is no single-key removal: the index deletes lazily and stale entries go in
-//! [`BlockTable::replacement`], a rebuilt table.
+//! Open addressing over 8-byte slots, eight to a 64-byte bucket aligned to a cache line. A slot
+//! holds a fingerprint of the hash ([`FP_BITS`] bits of its mixed value, below those that
+//! choose its home bucket) beside the chunk and offset where the block is stored; the hash
+//! itself is the chunk's, at that offset. So a slot whose fingerprint matches is only a
+//! candidate: the caller judges it against the chunks ([`Verdict`]). A table is never re-homed
+//! from its slots (they do not hold the hashes): a bigger one is built from the live blocks. A hash's probe
+//! starts at its home bucket's first slot and goes on slot by slot (linear probing from a line
+//! boundary), so a lookup or an insert usually touches that one line.
+//!
+//! There is no single-key removal: the index deletes lazily. An entry whose block died stays
+//! (stale) until a purge rebuilds the table from the live blocks; one whose position was
+//! trimmed, compacted or reused no longer leads to its hash at all (garbage, counted with the
+//! stale ones). An entry may therefore lead to a hash that another entry leads to as well, but
+//! only one of them to where the hash is live: a probe prefers that one ([`BlockTable::probe`]).
 
 use crate::image_io::{ImageError, ImageInput, put_all, put_u64};
 
@@ -18,28 +24,69 @@ pub(crate) struct Loc {
     pub(crate) offset: u32,
 }
 
-/// A slot: the hash, and `(chunk + 1) << 32 | offset` (0 = vacant).
-type Slot = [u64; 2];
+/// A slot: `fingerprint << 42 | (chunk + 1) << 12 | offset` (0 = vacant).
+type Slot = u64;
+
+/// Bits of a slot's fingerprint: a false match costs a read of the chunk it names.
+const FP_BITS: u32 = 22;
+/// Where the fingerprint's bits start in the mixed value: below the home bits of any table of
+/// up to 2^20 buckets (8 M slots), so that entries sharing a bucket rarely share it.
+const FP_SHIFT: u32 = 64 - 20 - FP_BITS;
+/// Bits of a slot's offset: a chunk holds at most 4,096 positions.
+const OFFSET_BITS: u32 = 12;
+/// Bits of a slot's chunk number (plus one).
+const CHUNK_BITS: u32 = 64 - FP_BITS - OFFSET_BITS;
+/// Chunks a table can name: 1 G, far past any index that fits in memory (at 8 bytes a slot
+/// alone, the table of that many one-block chunks would be over 8 GB). Past it, an apply panics
+/// and the process aborts rather than serve a half-applied index.
+pub(crate) const MAX_CHUNKS: u32 = (1 << CHUNK_BITS) - 1;
 
 /// Slots per bucket: one cache line.
-const LANES: usize = 4;
+const LANES: usize = 8;
 
 /// One cache line of slots.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, Default)]
 struct Bucket([Slot; LANES]);
 
-fn pack(loc: Loc) -> u64 {
-    debug_assert!(loc.chunk < u32::MAX);
-    (u64::from(loc.chunk + 1) << 32) | u64::from(loc.offset)
+/// `hash` mixed: its top bits choose its home bucket, the next ones are its fingerprint.
+fn mixed(hash: i64) -> u64 {
+    (hash as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-fn unpack(value: u64) -> Loc {
+/// `hash`'s fingerprint.
+fn fingerprint(hash: i64) -> u64 {
+    (mixed(hash) >> FP_SHIFT) & ((1 << FP_BITS) - 1)
+}
+
+fn pack(fp: u64, loc: Loc) -> Slot {
+    assert!(
+        loc.chunk < MAX_CHUNKS,
+        "chunk {} past the table's reach",
+        loc.chunk
+    );
+    debug_assert!(loc.offset < 1 << OFFSET_BITS);
+    (fp << (64 - FP_BITS)) | (u64::from(loc.chunk + 1) << OFFSET_BITS) | u64::from(loc.offset)
+}
+
+fn slot_fp(slot: Slot) -> u64 {
+    slot >> (64 - FP_BITS)
+}
+
+/// The chunk number plus one (0: vacant).
+fn slot_chunk(slot: Slot) -> u64 {
+    (slot >> OFFSET_BITS) & ((1 << CHUNK_BITS) - 1)
+}
+
+fn unpack(slot: Slot) -> Loc {
     Loc {
-        chunk: (value >> 32) as u32 - 1,
-        offset: value as u32,
+        chunk: slot_chunk(slot) as u32 - 1,
+        offset: (slot & ((1 << OFFSET_BITS) - 1)) as u32,
     }
 }
+
+/// Entries a rebuild homes together (see [`BlockTable::replacement`]).
+const FILL_BATCH: usize = 16;
 
 /// Buckets per run of the image (see [`BlockTable::write_image`]).
 const IMAGE_RUN: usize = 1 << 12;
@@ -62,12 +109,23 @@ fn buckets_for(entries: usize, at_least: usize) -> usize {
     buckets
 }
 
-/// What [`BlockTable::probe`] found: the slot holding the hash, or the vacant slot where it
-/// would go (a slot is `bucket * LANES + lane`).
+/// What [`BlockTable::probe`] found: the slot of the entry it chose, or the vacant slot where
+/// the hash would go (a slot is `bucket * LANES + lane`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Probe {
     Found(usize, Loc),
     Vacant(usize),
+}
+
+/// What the caller says of an entry with the hash's fingerprint, from the chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The hash is stored there, live: the probe ends.
+    Live,
+    /// The hash is stored there, dead: chosen unless a live one follows.
+    Held,
+    /// Another hash, or nothing, is there.
+    Other,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -80,13 +138,12 @@ pub(crate) struct BlockTable {
 }
 
 impl BlockTable {
-    /// Entries held (live or stale).
+    /// Entries held (live, stale or garbage).
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether one more entry needs a bigger table (or a [`BlockTable::replacement`]): the load stays
-    /// at most 4/5.
+    /// Whether one more entry needs a [`BlockTable::replacement`]: the load stays at most 4/5.
     pub(crate) fn is_full(&self) -> bool {
         !self.has_room(1)
     }
@@ -98,7 +155,7 @@ impl BlockTable {
 
     /// `hash`'s home bucket.
     fn home(&self, hash: i64) -> usize {
-        ((hash as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+        (mixed(hash) >> self.shift) as usize
     }
 
     /// Reads `hash`'s home bucket and nothing else: one load with no branch on what it finds,
@@ -106,38 +163,46 @@ impl BlockTable {
     pub(crate) fn touch(&self, hash: i64) -> u64 {
         self.buckets
             .get(self.home(hash))
-            .map_or(0, |bucket| bucket.0[0][1])
+            .map_or(0, |bucket| bucket.0[0])
     }
 
     /// Reads the line of `slot` (see [`BlockTable::touch`]): a replay about to fill it.
     pub(crate) fn touch_slot(&self, slot: usize) -> u64 {
         self.buckets
             .get(slot / LANES)
-            .map_or(0, |bucket| bucket.0[0][1])
+            .map_or(0, |bucket| bucket.0[0])
     }
 
-    pub(crate) fn get(&self, hash: i64) -> Option<Loc> {
-        match self.probe(hash) {
-            Probe::Found(_, loc) => Some(loc),
-            Probe::Vacant(_) => None,
-        }
-    }
-
-    /// Looks `hash` up. With an empty table, reports slot 0 as vacant: grow it
-    /// ([`BlockTable::grown`]) before filling one.
-    pub(crate) fn probe(&self, hash: i64) -> Probe {
+    /// Looks `hash` up, asking `judge` of each entry with its fingerprint, up to the first
+    /// vacant slot: the first [`Verdict::Live`] entry, else the first [`Verdict::Held`] one,
+    /// else that vacant slot. With an empty table, reports slot 0 as vacant: replace it
+    /// ([`BlockTable::replacement`]) before filling one.
+    #[inline]
+    pub(crate) fn probe(&self, hash: i64, mut judge: impl FnMut(Loc) -> Verdict) -> Probe {
         if self.buckets.is_empty() {
             return Probe::Vacant(0);
         }
         let mask = self.buckets.len() - 1;
+        let fp = fingerprint(hash);
+        let mut held = None;
         let mut b = self.home(hash);
         loop {
-            for (lane, &[key, value]) in self.buckets[b].0.iter().enumerate() {
-                if value == 0 {
-                    return Probe::Vacant(b * LANES + lane);
+            for (lane, &slot) in self.buckets[b].0.iter().enumerate() {
+                if slot == 0 {
+                    return match held {
+                        Some((at, loc)) => Probe::Found(at, loc),
+                        None => Probe::Vacant(b * LANES + lane),
+                    };
                 }
-                if key == hash as u64 {
-                    return Probe::Found(b * LANES + lane, unpack(value));
+                if slot_fp(slot) == fp {
+                    let loc = unpack(slot);
+                    match judge(loc) {
+                        Verdict::Live => return Probe::Found(b * LANES + lane, loc),
+                        Verdict::Held => {
+                            held.get_or_insert((b * LANES + lane, loc));
+                        }
+                        Verdict::Other => {}
+                    }
                 }
             }
             b = (b + 1) & mask;
@@ -148,11 +213,11 @@ impl BlockTable {
         &mut self.buckets[slot / LANES].0[slot % LANES]
     }
 
-    /// Overwrites the value of an occupied slot.
+    /// Re-points an occupied slot (its fingerprint stays: the same hash's).
     pub(crate) fn set(&mut self, slot: usize, loc: Loc) {
         let slot = self.slot_mut(slot);
-        debug_assert_ne!(slot[1], 0);
-        slot[1] = pack(loc);
+        debug_assert_ne!(*slot, 0);
+        *slot = pack(slot_fp(*slot), loc);
     }
 
     /// Fills the vacant slot that [`BlockTable::probe`] gave for `hash` (with no change to the
@@ -160,20 +225,9 @@ impl BlockTable {
     pub(crate) fn fill(&mut self, slot: usize, hash: i64, loc: Loc) {
         debug_assert!(!self.is_full());
         let slot = self.slot_mut(slot);
-        debug_assert_eq!(slot[1], 0);
-        *slot = [hash as u64, pack(loc)];
+        debug_assert_eq!(*slot, 0);
+        *slot = pack(fingerprint(hash), loc);
         self.len += 1;
-    }
-
-    /// Moves an existing entry to a new offset in the same chunk.
-    pub(crate) fn set_offset(&mut self, hash: i64, offset: u32) -> Option<Loc> {
-        match self.probe(hash) {
-            Probe::Found(i, loc) => {
-                self.set(i, Loc { offset, ..loc });
-                Some(loc)
-            }
-            Probe::Vacant(_) => None,
-        }
     }
 
     /// A table of `entries` (each hash once, `len` of them) with as few buckets as a grown
@@ -195,21 +249,10 @@ impl BlockTable {
         start..start + std::mem::size_of_val(self.buckets.as_slice())
     }
 
-    /// A copy with room for `more` entries beyond these: twice the buckets, or more if need be.
-    /// Built from `&self`, like [`BlockTable::replacement`], so that a caller can build it
-    /// beside readers and swap it in (see `Index::table_for`).
-    pub(crate) fn grown(&self, more: usize) -> BlockTable {
-        let buckets = buckets_for(self.len + more, self.buckets.len() * 2);
-        let held = self.buckets.iter().flat_map(|bucket| bucket.0);
-        let entries = held
-            .filter(|&[_, value]| value != 0)
-            .map(|[key, value]| (key as i64, unpack(value)));
-        BlockTable::filled(buckets, self.len, entries)
-    }
-
     /// A table to replace this one, holding `entries` (each hash once, `len` of them) with room
     /// for `more` beyond them: this table's size if that leaves the room, else as many times
-    /// doubled as it takes.
+    /// doubled as it takes. Built from `&self`, so that a caller can build it beside readers
+    /// and swap it in (see `Index::table_for`).
     pub(crate) fn replacement(
         &self,
         len: usize,
@@ -219,32 +262,68 @@ impl BlockTable {
         BlockTable::filled(buckets_for(len + more, self.buckets.len()), len, entries)
     }
 
-    /// A table of `buckets` buckets holding `entries` (each hash once, `len` of them).
-    fn filled(buckets: usize, len: usize, entries: impl Iterator<Item = (i64, Loc)>) -> BlockTable {
-        debug_assert!(buckets.is_power_of_two() && !over_max_load(len, buckets));
+    /// `buckets` vacant buckets.
+    fn empty(buckets: usize) -> BlockTable {
+        debug_assert!(buckets.is_power_of_two());
         // Written out explicitly rather than allocated zeroed: lazily mapped zero pages would
         // fault twice each (a probe's read maps the zero page, the insert's write copies it),
         // at random during the inserts, where writing them in order costs less.
         let mut new = Vec::with_capacity(buckets);
         new.resize(buckets, Bucket::default());
-        let mut table = BlockTable {
+        BlockTable {
             buckets: new,
             len: 0,
             shift: 64 - buckets.trailing_zeros(),
-        };
-        for (hash, loc) in entries {
-            assert!(!table.is_full(), "more entries than the {len} counted");
-            table.insert_new(hash, loc);
+        }
+    }
+
+    /// A table of `buckets` buckets holding `entries` (each hash once, `len` of them).
+    fn filled(buckets: usize, len: usize, entries: impl Iterator<Item = (i64, Loc)>) -> BlockTable {
+        debug_assert!(!over_max_load(len, buckets));
+        let mut table = BlockTable::empty(buckets);
+        // In batches whose home buckets are read first, together: their cache misses overlap,
+        // where one insert after another would wait for each.
+        let mut batch = [(0, 0); FILL_BATCH];
+        let mut entries = entries.peekable();
+        while entries.peek().is_some() {
+            let mut n = 0;
+            for (hash, loc) in entries.by_ref().take(FILL_BATCH) {
+                let home = table.home(hash);
+                batch[n] = (home, pack(fingerprint(hash), loc));
+                n += 1;
+            }
+            let touched = batch[..n].iter().fold(0u64, |sum, &(home, _)| {
+                sum.wrapping_add(table.buckets[home].0[0])
+            });
+            std::hint::black_box(touched);
+            for &(home, slot) in &batch[..n] {
+                assert!(!table.is_full(), "more entries than the {len} counted");
+                table.insert_at(home, slot);
+            }
         }
         debug_assert_eq!(table.len, len, "entries counted");
         table
     }
 
+    /// Puts `slot` into the first vacant slot from bucket `home` on.
+    fn insert_at(&mut self, home: usize, slot: Slot) {
+        let mask = self.buckets.len() - 1;
+        let mut b = home;
+        loop {
+            if let Some(vacant) = self.buckets[b].0.iter_mut().find(|s| **s == 0) {
+                *vacant = slot;
+                self.len += 1;
+                return;
+            }
+            b = (b + 1) & mask;
+        }
+    }
+
     /// Writes the table as its image: the bucket and entry counts, then per run of
-    /// [`IMAGE_RUN`] buckets each bucket's occupied slot count (a byte) and those slots as
-    /// `(hash, value)`. With no single-key removal, a bucket's occupied slots are always its
-    /// first ones (a probe fills the first vacant slot it meets), so the counts say where every
-    /// slot goes and vacant ones take no room.
+    /// [`IMAGE_RUN`] buckets each bucket's occupied slot count (a byte) and those slots. With no
+    /// single-key removal, a bucket's occupied slots are always its first ones (a probe fills
+    /// the first vacant slot it meets), so the counts say where every slot goes and vacant ones
+    /// take no room.
     pub(crate) fn write_image(
         &self,
         out: &mut impl std::io::Write,
@@ -258,19 +337,14 @@ impl BlockTable {
             let counts: Vec<u8> = run
                 .iter()
                 .map(|bucket| {
-                    let occupied = bucket.0.iter().take_while(|slot| slot[1] != 0);
+                    let occupied = bucket.0.iter().take_while(|&&slot| slot != 0);
                     let before = slots.len();
                     slots.extend(occupied);
                     (slots.len() - before) as u8
                 })
                 .collect();
             out.write_all(&counts)?;
-            put_all(out, scratch, &slots, |[key, value]| {
-                let mut bytes = [0; 16];
-                bytes[..8].copy_from_slice(&key.to_le_bytes());
-                bytes[8..].copy_from_slice(&value.to_le_bytes());
-                bytes
-            })?;
+            put_all(out, scratch, &slots, |slot| slot.to_le_bytes())?;
         }
         Ok(())
     }
@@ -281,14 +355,7 @@ impl BlockTable {
         input: &mut ImageInput<impl std::io::Read>,
         chunks: usize,
     ) -> Result<BlockTable, ImageError> {
-        let malformed = |what: String| ImageError::Malformed(format!("the block table: {what}"));
-        let buckets = input.u64()? as usize;
-        let len = input.u64()? as usize;
-        if buckets != 0 && (!buckets.is_power_of_two() || buckets < MIN_BUCKETS) {
-            return Err(malformed(format!("{buckets} buckets")));
-        }
-        // Every bucket has its count byte; the table gets no more buckets than that allows.
-        input.expect(buckets as u128)?;
+        let (buckets, len) = read_sizes(input)?;
         // Allocated as the runs arrive: a damaged count must fail on the bytes, not abort on a
         // reservation 64 times the file.
         let mut table = BlockTable {
@@ -299,23 +366,17 @@ impl BlockTable {
         let mut bad = None;
         let mut left = buckets;
         while left > 0 {
-            let counts = input.bytes(left.min(IMAGE_RUN) as u64)?;
-            if let Some(&count) = counts.iter().find(|&&c| usize::from(c) > LANES) {
-                return Err(malformed(format!("a bucket of {count} slots")));
-            }
+            let counts = read_counts(input, left.min(IMAGE_RUN), LANES)?;
             let total = counts.iter().map(|&c| usize::from(c)).sum();
-            let slots = input.all(total, |bytes: [u8; 16]| {
-                let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
-                [word(0), word(8)]
-            })?;
+            let slots = input.all(total, u64::from_le_bytes)?;
             let mut slots = slots.into_iter();
             for &count in &counts {
                 let mut bucket = Bucket::default();
                 for slot in &mut bucket.0[..usize::from(count)] {
                     *slot = slots.next().expect("counted");
-                    let chunk = (slot[1] >> 32) as usize;
-                    if chunk == 0 || chunk > chunks {
-                        bad.get_or_insert(slot[1] >> 32);
+                    let chunk = slot_chunk(*slot);
+                    if chunk == 0 || chunk > chunks as u64 {
+                        bad.get_or_insert(chunk);
                     }
                 }
                 table.buckets.push(bucket);
@@ -323,27 +384,110 @@ impl BlockTable {
             table.len += total;
             left -= counts.len();
         }
-        if let Some(chunk) = bad {
-            return Err(malformed(format!(
-                "an entry names chunk slot {chunk} of {chunks}"
-            )));
-        }
-        if table.len != len || over_max_load(len, buckets) {
-            return Err(malformed(format!(
-                "{} entries where {len} were written, in {buckets} buckets",
-                table.len
-            )));
-        }
+        check_read(bad, chunks, table.len, len, buckets)?;
         Ok(table)
     }
 
-    /// Adds `hash`, which the table does not hold.
-    fn insert_new(&mut self, hash: i64, loc: Loc) {
-        match self.probe(hash) {
-            Probe::Vacant(slot) => self.fill(slot, hash, loc),
-            Probe::Found(..) => unreachable!("a hash is held once"),
+    /// Reads a table image of snapshot format 3 (16-byte slots, four to a bucket, the whole
+    /// hash in each) into this layout: the same entries, re-homed.
+    pub(crate) fn read_image_wide(
+        input: &mut ImageInput<impl std::io::Read>,
+        chunks: usize,
+    ) -> Result<BlockTable, ImageError> {
+        const WIDE_LANES: usize = 4;
+        let (buckets, len) = read_sizes(input)?;
+        let mut entries = Vec::with_capacity(len.min(1 << 20));
+        let mut bad = None;
+        let mut left = buckets;
+        while left > 0 {
+            let counts = read_counts(input, left.min(IMAGE_RUN), WIDE_LANES)?;
+            let total = counts.iter().map(|&c| usize::from(c)).sum();
+            input.each(total, |bytes: [u8; 16]| {
+                let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
+                let (hash, value) = (word(0) as i64, word(8));
+                let chunk = value >> 32;
+                if chunk == 0 || chunk > chunks as u64 {
+                    bad.get_or_insert(chunk);
+                } else {
+                    entries.push((
+                        hash,
+                        Loc {
+                            chunk: chunk as u32 - 1,
+                            offset: value as u32,
+                        },
+                    ));
+                }
+            })?;
+            left -= counts.len();
         }
+        check_read(
+            bad,
+            chunks,
+            entries.len(),
+            len,
+            buckets_for(len, MIN_BUCKETS),
+        )?;
+        if entries.is_empty() {
+            return Ok(BlockTable::default());
+        }
+        let buckets = buckets_for(entries.len() + 1, MIN_BUCKETS);
+        Ok(BlockTable::filled(
+            buckets,
+            entries.len(),
+            entries.into_iter(),
+        ))
     }
+}
+
+/// The bucket and entry counts an image of the table starts with, the buckets checked.
+fn read_sizes(input: &mut ImageInput<impl std::io::Read>) -> Result<(usize, usize), ImageError> {
+    let buckets = input.u64()? as usize;
+    let len = input.u64()? as usize;
+    if buckets != 0 && (!buckets.is_power_of_two() || buckets < MIN_BUCKETS) {
+        return Err(table_malformed(format!("{buckets} buckets")));
+    }
+    // Every bucket has its count byte; the table gets no more buckets than that allows.
+    input.expect(buckets as u128)?;
+    Ok((buckets, len))
+}
+
+/// One run's occupied-slot counts, each at most `lanes`.
+fn read_counts(
+    input: &mut ImageInput<impl std::io::Read>,
+    run: usize,
+    lanes: usize,
+) -> Result<Vec<u8>, ImageError> {
+    let counts = input.bytes(run as u64)?;
+    if let Some(&count) = counts.iter().find(|&&c| usize::from(c) > lanes) {
+        return Err(table_malformed(format!("a bucket of {count} slots")));
+    }
+    Ok(counts)
+}
+
+/// Fails when an entry named a chunk past `chunks` (`bad`), or the entries read are not the
+/// `written` count or overload the buckets.
+fn check_read(
+    bad: Option<u64>,
+    chunks: usize,
+    read: usize,
+    written: usize,
+    buckets: usize,
+) -> Result<(), ImageError> {
+    if let Some(chunk) = bad {
+        return Err(table_malformed(format!(
+            "an entry names chunk slot {chunk} of {chunks}"
+        )));
+    }
+    if read != written || over_max_load(written, buckets) {
+        return Err(table_malformed(format!(
+            "{read} entries where {written} were written, in {buckets} buckets"
+        )));
+    }
+    Ok(())
+}
+
+fn table_malformed(what: String) -> ImageError {
+    ImageError::Malformed(format!("the block table: {what}"))
 }
 
 #[cfg(test)]
@@ -354,38 +498,67 @@ mod tests {
 
     use super::*;
 
-    fn insert(table: &mut BlockTable, hash: i64, loc: Loc) {
-        match table.probe(hash) {
+    /// What the chunks would say: the hash stored at each location (all live).
+    type Stored = HashMap<(u32, u32), i64>;
+
+    fn judge(stored: &Stored, hash: i64) -> impl Fn(Loc) -> Verdict + '_ {
+        move |loc| match stored.get(&(loc.chunk, loc.offset)) {
+            Some(&held) if held == hash => Verdict::Live,
+            _ => Verdict::Other,
+        }
+    }
+
+    fn get(table: &BlockTable, stored: &Stored, hash: i64) -> Option<Loc> {
+        match table.probe(hash, judge(stored, hash)) {
+            Probe::Found(_, loc) => Some(loc),
+            Probe::Vacant(_) => None,
+        }
+    }
+
+    /// Points `hash` at `loc`: its entry re-pointed, or a new one (the table rebuilt from what
+    /// is stored first when full), as the index does.
+    fn insert(table: &mut BlockTable, stored: &mut Stored, hash: i64, loc: Loc) {
+        if table.is_full() {
+            let entries = stored
+                .iter()
+                .map(|(&(chunk, offset), &hash)| (hash, Loc { chunk, offset }));
+            *table = table.replacement(stored.len(), 1, entries);
+        }
+        let found = table.probe(hash, judge(stored, hash));
+        if let Probe::Found(_, old) = found {
+            stored.remove(&(old.chunk, old.offset));
+        }
+        stored.insert((loc.chunk, loc.offset), hash);
+        match found {
             Probe::Found(slot, _) => table.set(slot, loc),
-            Probe::Vacant(slot) => {
-                if table.is_full() {
-                    *table = table.grown(1);
-                    return insert(table, hash, loc);
-                }
-                table.fill(slot, hash, loc);
-            }
+            Probe::Vacant(slot) => table.fill(slot, hash, loc),
         }
     }
 
     proptest! {
         /// Inserts, overwrites and purges agree with a map, across growth (one entry at a time,
-        /// or room for many at once) and across hashes that share home buckets (few distinct
-        /// values, many collisions).
+        /// or room for many at once) and across hashes that share home buckets and
+        /// fingerprints (few distinct values, many collisions).
         #[test]
         fn agrees_with_a_map(
             ops in prop::collection::vec((0i64..64, 0u32..1000, any::<bool>()), 1..400),
-            spread in prop::sample::select(vec![1i64, 1 << 58, 0x9E37_79B9]),
+            spread in prop::sample::select(vec![1i64, 1 << 58, 0x9E37_79B9, 1 << 63]),
         ) {
             let mut table = BlockTable::default();
+            let mut stored = Stored::new();
             let mut model = HashMap::new();
             for (i, &(key, value, retain)) in ops.iter().enumerate() {
                 let hash = key.wrapping_mul(spread);
-                let loc = Loc { chunk: value, offset: i as u32 };
-                insert(&mut table, hash, loc);
+                let loc = Loc { chunk: value, offset: i as u32 % 4096 };
+                if stored.contains_key(&(loc.chunk, loc.offset)) {
+                    continue;
+                }
+                insert(&mut table, &mut stored, hash, loc);
                 model.insert(hash, loc);
                 if retain && i % 7 == 0 {
                     let keep = |hash: i64, loc: Loc| (hash ^ i64::from(loc.chunk)) % 3 != 0;
                     model.retain(|&hash, &mut loc| keep(hash, loc));
+                    stored.retain(|_, hash| model.contains_key(hash));
                     let more = value as usize % 50;
                     let kept = model.iter().map(|(&hash, &loc)| (hash, loc));
                     table = table.replacement(model.len(), more, kept);
@@ -405,40 +578,81 @@ mod tests {
             prop_assert_eq!(read.buckets.len(), table.buckets.len());
             for key in 0i64..64 {
                 let hash = key.wrapping_mul(spread);
-                prop_assert_eq!(table.get(hash), model.get(&hash).copied());
-                prop_assert_eq!(read.get(hash), model.get(&hash).copied());
+                prop_assert_eq!(get(&table, &stored, hash), model.get(&hash).copied());
+                prop_assert_eq!(get(&read, &stored, hash), model.get(&hash).copied());
             }
         }
     }
 
     #[test]
     fn a_full_bucket_spills_into_the_next() {
-        let mut table = BlockTable::default().grown(1);
+        let mut table = BlockTable::default().replacement(0, 1, std::iter::empty());
+        let mut stored = Stored::new();
         // Hashes with one home bucket: the multiplier's top bits decide it, so look for them.
         let home = table.home(1);
         let same: Vec<i64> = (1i64..)
             .filter(|&h| table.home(h) == home)
             .take(LANES + 2)
             .collect();
+        let loc = |i: usize| Loc {
+            chunk: 0,
+            offset: i as u32,
+        };
         for (i, &hash) in same.iter().enumerate() {
-            insert(
-                &mut table,
-                hash,
-                Loc {
-                    chunk: 0,
-                    offset: i as u32,
-                },
-            );
+            insert(&mut table, &mut stored, hash, loc(i));
         }
         for (i, &hash) in same.iter().enumerate() {
-            assert_eq!(
-                table.get(hash),
-                Some(Loc {
-                    chunk: 0,
-                    offset: i as u32
-                })
-            );
+            assert_eq!(get(&table, &stored, hash), Some(loc(i)));
         }
-        assert_eq!(table.get(0), None);
+        assert_eq!(get(&table, &stored, 0), None);
+    }
+
+    /// Entries of one hash that lead to where it is stored dead are chosen only when none
+    /// leads to where it lives; an entry of another hash with the same fingerprint is passed.
+    #[test]
+    fn a_probe_prefers_the_live_entry() {
+        let mut table = BlockTable::default().replacement(0, 1, std::iter::empty());
+        let hash = 77;
+        let loc = |offset| Loc { chunk: 3, offset };
+        for offset in 0..3 {
+            let Probe::Vacant(slot) = table.probe(hash, |_| Verdict::Other) else {
+                panic!("nothing held");
+            };
+            table.fill(slot, hash, loc(offset));
+        }
+        let verdict = |live: u32, held: u32| {
+            move |at: Loc| match at.offset {
+                o if o == live => Verdict::Live,
+                o if o == held => Verdict::Held,
+                _ => Verdict::Other,
+            }
+        };
+        assert!(matches!(table.probe(hash, verdict(2, 0)), Probe::Found(_, l) if l == loc(2)));
+        assert!(matches!(table.probe(hash, verdict(9, 1)), Probe::Found(_, l) if l == loc(1)));
+        assert!(matches!(table.probe(hash, verdict(9, 9)), Probe::Vacant(_)));
+    }
+
+    /// Every entry is found again across the rebuilds that grow the table.
+    #[test]
+    fn growth_keeps_every_entry() {
+        let mut table = BlockTable::default();
+        let mut stored = Stored::new();
+        let hashes: Vec<i64> = (0..5000i64)
+            .map(|i| i.wrapping_mul(0x5851_F42D_4C95_7F2D))
+            .collect();
+        for (i, &hash) in hashes.iter().enumerate() {
+            let at = Loc {
+                chunk: i as u32 / 4096,
+                offset: i as u32 % 4096,
+            };
+            insert(&mut table, &mut stored, hash, at);
+        }
+        for (i, &hash) in hashes.iter().enumerate() {
+            let at = Loc {
+                chunk: i as u32 / 4096,
+                offset: i as u32 % 4096,
+            };
+            assert_eq!(get(&table, &stored, hash), Some(at));
+        }
     }
 }

@@ -386,10 +386,15 @@ mod tests {
         // Big enough that the table spans many whole pages, which the child does not get: a
         // child that read them would die of a segmentation fault.
         let (mut index, meta) = sample();
-        for (w, start) in [("w-1", 1_000), ("w-2", 20_000)] {
+        for (w, start) in [
+            ("w-1", 1_000),
+            ("w-2", 20_000),
+            ("w-3", 40_000),
+            ("w-4", 55_000),
+        ] {
             index.apply(&change(w, 1, start..start + 12_000));
         }
-        index.apply(&change("w-1", 1, 30_000..30_500));
+        index.apply(&change("w-1", 1, 70_000..70_500));
         index.apply(&change("w-1", 2, 1_000..5_000));
         assert!(whole_pages(index.table_memory()).len() >= 64 * 4096);
         let before = index.export().canonical();
@@ -398,8 +403,8 @@ mod tests {
         let mut other = index.clone();
         let unread = other.table_memory();
         let child = spawn(&dir, 4, &index, unread, &meta, TableImage::Fresh).unwrap();
-        index.apply(&change("w-3", 1, 50_000..52_000));
-        other.apply(&change("w-3", 1, 50_000..52_000));
+        index.apply(&change("w-5", 1, 80_000..82_000));
+        other.apply(&change("w-5", 1, 80_000..82_000));
         child.wait().unwrap();
         let read = snapshot::read(&snapshot::path(&dir, 4)).unwrap();
         read.index.check_invariants();

@@ -205,10 +205,7 @@ impl Index {
     ) -> Stored {
         let stale_slot = match lookups.look(&self.table, &self.chunks, block.hash) {
             Look::Live(found) => return Stored::Existing(found),
-            Look::Stale(slot) => {
-                self.stale = self.stale.saturating_sub(1);
-                Ok(slot)
-            }
+            Look::Stale(slot) => Ok(slot),
             Look::Vacant(slot) => Err(slot),
         };
         let loc = append_block(&mut self.chunks, &mut self.free_chunks, prev, block);
@@ -319,7 +316,6 @@ impl Index {
                             died = true;
                             chunk.live -= len as u32;
                             self.blocks -= len;
-                            self.stale += len;
                             if chunk.has_hits {
                                 forget_hits(
                                     &mut self.hits,

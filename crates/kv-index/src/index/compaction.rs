@@ -31,7 +31,7 @@ impl Index {
 
     /// Rewrites chunk `c` with its live positions only, re-pointing their table entries.
     fn compact_chunk(&mut self, c: u32, lookups: &mut impl Lookups) {
-        let chunk = &mut self.chunks[c as usize];
+        let chunk = &self.chunks[c as usize];
         let mut hashes: Vec<i64> = Vec::with_capacity(chunk.live as usize);
         let mut tokens = Tokens::Uniform(0);
         let mut pieces: Vec<Piece> = Vec::new();
@@ -53,14 +53,16 @@ impl Index {
                 hashes.push(chunk.hashes[offset]);
             }
         }
+        // Moved while the chunk is as it was: an entry is judged by the hash at its offset.
         for (offset, hash) in hashes.iter().enumerate() {
-            let old = lookups.move_entry(&mut self.table, *hash, offset as u32);
+            let old = lookups.move_entry(&mut self.table, &self.chunks, *hash, offset as u32);
             debug_assert_eq!(
                 old.map(|loc| loc.chunk),
                 Some(c),
                 "a live block has an entry"
             );
         }
+        let chunk = &mut self.chunks[c as usize];
         chunk.hashes = hashes;
         chunk.tokens = tokens;
         chunk.pieces = pieces;
@@ -83,8 +85,8 @@ impl Index {
     }
 
     /// The block table a change adding at most `blocks` new blocks would rebuild, built now
-    /// from `&self`: purged of stale entries when they are over a quarter of it, else grown;
-    /// `None` when it has the room. A caller holding the index behind a lock builds it under a
+    /// from `&self` out of the live blocks (no stale entry left; as big as before if that
+    /// leaves the room, else doubled as need be); `None` when it has the room. A caller holding the index behind a lock builds it under a
     /// read lock and swaps it in with [`Index::install_table`] under the write lock, just
     /// before the change: readers go on meanwhile, where a rebuild inside the change would
     /// hold them for its whole length (it touches every entry: seconds at 100 M placements).
@@ -92,18 +94,13 @@ impl Index {
         if self.table.has_room(blocks) {
             return None;
         }
-        let purged = self.stale > self.table.len() / 4;
-        let table = if purged {
-            // The live blocks chunk by chunk: each insert then misses the cache, but judging
-            // each of the table's entries instead (its chunk at the offset) misses more.
-            self.table
-                .replacement(self.blocks, blocks, self.live_blocks())
-        } else {
-            self.table.grown(blocks)
-        };
+        // The slots hold fingerprints, not hashes: the live blocks, chunk by chunk, are where
+        // the hashes are.
+        let table = self
+            .table
+            .replacement(self.blocks, blocks, self.live_blocks());
         Some(SpareTable {
             table,
-            purged,
             room: blocks,
             built_from: Some(self.identity()),
         })
@@ -117,9 +114,6 @@ impl Index {
             return Err(spare);
         }
         std::mem::swap(&mut self.table, &mut spare.table);
-        if spare.purged {
-            self.stale = 0;
-        }
         spare.built_from = None;
         Ok(spare)
     }
@@ -137,7 +131,6 @@ impl Index {
 #[derive(Debug)]
 pub struct SpareTable {
     pub(super) table: BlockTable,
-    pub(super) purged: bool,
     /// The new entries it was built to make room for.
     pub(super) room: usize,
     /// The identity of the index it was built from, as it was then; `None` for a table taken
@@ -228,10 +221,8 @@ mod tests {
             index.apply(&change("v", 1, hash..hash + 1));
             index.apply(&change("v", 2, hash..hash + 1));
         };
-        assert!(spare.purged, "900 stale of {} entries", index.table.len());
         assert_eq!(spare.entries(), 100, "the live blocks 900..1000");
         index.install_table(spare).expect("built from this index");
-        assert_eq!(index.stale, 0);
         index.check_invariants();
         assert!(index.match_kv(&[950]).is_ok_and(|m| m.len() == 1));
     }

@@ -22,7 +22,7 @@
 
 use crate::table::{BlockTable, Loc, Probe};
 
-use super::layout::{Chunk, Found, found_at};
+use super::layout::{Chunk, Found, found_at, probe};
 use super::{Index, SpareTable, WARM_AHEAD};
 
 /// What the lookups of changes made to one index found, in order, to make the same changes to
@@ -136,8 +136,15 @@ pub(super) trait Lookups {
     /// A REPORTed block: live already, or the slot its entry takes.
     fn look(&mut self, table: &BlockTable, chunks: &[Chunk], hash: i64) -> Look;
 
-    /// Moves the entry of `hash` to `offset` in its chunk; where it was.
-    fn move_entry(&mut self, table: &mut BlockTable, hash: i64, offset: u32) -> Option<Loc>;
+    /// Moves the entry of live `hash` to `offset` in its chunk (`chunks` as they are before
+    /// the move); where it was.
+    fn move_entry(
+        &mut self,
+        table: &mut BlockTable,
+        chunks: &[Chunk],
+        hash: i64,
+        offset: u32,
+    ) -> Option<Loc>;
 
     /// Rebuilds the table when one more entry would not fit (`Index::make_room`).
     fn make_room(&mut self, index: &mut Index);
@@ -154,12 +161,15 @@ impl Lookups for Live {
 
     #[inline]
     fn locate(&mut self, table: &BlockTable, chunks: &[Chunk], hash: i64) -> Option<Found> {
-        found_at(chunks, hash, table.get(hash)?)
+        match probe(table, chunks, hash) {
+            Probe::Found(_, loc) => found_at(chunks, hash, loc),
+            Probe::Vacant(_) => None,
+        }
     }
 
     #[inline]
     fn look(&mut self, table: &BlockTable, chunks: &[Chunk], hash: i64) -> Look {
-        match table.probe(hash) {
+        match probe(table, chunks, hash) {
             Probe::Found(slot, loc) => match found_at(chunks, hash, loc) {
                 Some(found) => Look::Live(found),
                 None => Look::Stale(slot),
@@ -169,8 +179,20 @@ impl Lookups for Live {
     }
 
     #[inline]
-    fn move_entry(&mut self, table: &mut BlockTable, hash: i64, offset: u32) -> Option<Loc> {
-        table.set_offset(hash, offset)
+    fn move_entry(
+        &mut self,
+        table: &mut BlockTable,
+        chunks: &[Chunk],
+        hash: i64,
+        offset: u32,
+    ) -> Option<Loc> {
+        match probe(table, chunks, hash) {
+            Probe::Found(slot, loc) => {
+                table.set(slot, Loc { offset, ..loc });
+                Some(loc)
+            }
+            Probe::Vacant(_) => None,
+        }
     }
 
     #[inline]
@@ -212,8 +234,14 @@ impl Lookups for Record<'_> {
     }
 
     #[inline]
-    fn move_entry(&mut self, table: &mut BlockTable, hash: i64, offset: u32) -> Option<Loc> {
-        let (slot, loc) = match table.probe(hash) {
+    fn move_entry(
+        &mut self,
+        table: &mut BlockTable,
+        chunks: &[Chunk],
+        hash: i64,
+        offset: u32,
+    ) -> Option<Loc> {
+        let (slot, loc) = match probe(table, chunks, hash) {
             Probe::Found(slot, loc) => (slot, loc),
             Probe::Vacant(_) => unreachable!("a live block has an entry"),
         };
@@ -284,12 +312,21 @@ impl Lookups for Replay<'_> {
     }
 
     #[inline]
-    fn move_entry(&mut self, table: &mut BlockTable, hash: i64, offset: u32) -> Option<Loc> {
+    fn move_entry(
+        &mut self,
+        table: &mut BlockTable,
+        chunks: &[Chunk],
+        hash: i64,
+        offset: u32,
+    ) -> Option<Loc> {
         self.0.warm(table);
         let Effect::Moved(slot, loc) = self.0.take() else {
             panic!("an entry moved where it was not recorded");
         };
-        debug_assert!(matches!(table.probe(hash), Probe::Found(s, l) if s == slot && l == loc));
+        debug_assert!(
+            matches!(probe(table, chunks, hash), Probe::Found(s, l) if s == slot && l == loc)
+        );
+        let _ = (chunks, hash);
         table.set(slot, Loc { offset, ..loc });
         Some(loc)
     }

@@ -19,8 +19,10 @@
 //! - chunks: count, then per chunk its length, live count, flags (hit counts, per-block tokens),
 //!   tokens (one value or one per position), hashes, pieces (begin, placements as
 //!   `(holder, mask)` pairs);
-//! - free chunk slots; the table (buckets, entries, then every slot as `(hash, value)`);
-//! - hit counts `(hash, count)`; the counters (placements, blocks, stale entries).
+//! - free chunk slots; the table (buckets, entries, then per run of buckets their occupied
+//!   slot counts and those slots: see `BlockTable::write_image`);
+//! - hit counts `(hash, count)`; the counters (placements, blocks; format 3 had a third, an
+//!   estimate of stale table entries, read and dropped).
 
 use std::io::{self, Read, Write};
 
@@ -33,10 +35,19 @@ use crate::types::CacheSpec;
 use super::layout::{Chunk, Holder, Holdings, Piece, Placement, ScanProfile, Tokens, Worker};
 use super::{Index, MAX_WORKERS};
 
+/// How an image lays out the block table's slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableLayout {
+    /// 16-byte slots holding whole hashes, four to a bucket (snapshot format 3).
+    Wide,
+    /// 8-byte slots holding fingerprints, eight to a bucket (snapshot format 4).
+    Packed,
+}
+
 impl Index {
     /// Writes this index's image (see the module docs) to `out`.
     pub fn write_image(&self, out: &mut impl Write) -> io::Result<()> {
-        self.write_image_with(out, &self.table, self.stale)
+        self.write_image_with(out, &self.table)
     }
 
     /// Writes the image of the same index with a block table built afresh from the live
@@ -45,7 +56,7 @@ impl Index {
     /// have fewer buckets; it loads as [`Index::write_image`]'s does and answers alike.
     pub fn write_image_with_fresh_table(&self, out: &mut impl Write) -> io::Result<()> {
         let table = BlockTable::with_entries(self.blocks, self.live_blocks());
-        self.write_image_with(out, &table, 0)
+        self.write_image_with(out, &table)
     }
 
     /// Every live block's hash and where it is stored, chunk by chunk: a table built afresh
@@ -69,13 +80,8 @@ impl Index {
         })
     }
 
-    /// The image with `table` and `stale` in place of the index's own.
-    fn write_image_with(
-        &self,
-        out: &mut impl Write,
-        table: &BlockTable,
-        stale: usize,
-    ) -> io::Result<()> {
+    /// The image with `table` in place of the index's own.
+    fn write_image_with(&self, out: &mut impl Write, table: &BlockTable) -> io::Result<()> {
         let mut scratch = Vec::new();
         put_u32(out, self.workers.len() as u32)?;
         for worker in &self.workers {
@@ -105,7 +111,7 @@ impl Index {
             bytes[8..].copy_from_slice(&count.to_le_bytes());
             bytes
         })?;
-        for counter in [self.placements, self.blocks, stale] {
+        for counter in [self.placements, self.blocks] {
             put_u64(out, counter as u64)?;
         }
         Ok(())
@@ -114,6 +120,14 @@ impl Index {
     /// Reads an image that [`Index::write_image`] (or [`Index::write_image_with_fresh_table`])
     /// wrote.
     pub fn read_image(input: &mut ImageInput<impl Read>) -> Result<Index, ImageError> {
+        Index::read_image_of(input, TableLayout::Packed)
+    }
+
+    /// Reads an image whose block table has `layout`: an older one's is re-homed into today's.
+    pub fn read_image_of(
+        input: &mut ImageInput<impl Read>,
+        layout: TableLayout,
+    ) -> Result<Index, ImageError> {
         let mut index = Index::new();
         let workers = input.u32()? as usize;
         if workers > MAX_WORKERS {
@@ -156,7 +170,10 @@ impl Index {
                 )));
             }
         }
-        index.table = BlockTable::read_image(input, chunks)?;
+        index.table = match layout {
+            TableLayout::Packed => BlockTable::read_image(input, chunks)?,
+            TableLayout::Wide => BlockTable::read_image_wide(input, chunks)?,
+        };
         let hits = input.u64()? as usize;
         input.expect(hits as u128 * 16)?;
         index.hits.reserve(hits.min(1 << 16));
@@ -169,7 +186,10 @@ impl Index {
         })?;
         index.placements = input.u64()? as usize;
         index.blocks = input.u64()? as usize;
-        index.stale = input.u64()? as usize;
+        if layout == TableLayout::Wide {
+            // Format 3's estimate of stale entries, which no longer decides anything.
+            input.u64()?;
+        }
         index.rank_all();
         Ok(index)
     }

@@ -1,6 +1,6 @@
 //! `Index::check_invariants`: every internal invariant checked against a recount, for tests.
 
-use crate::table::Loc;
+use crate::table::{Loc, Probe};
 
 use super::Index;
 use super::layout::{Chunk, Tokens};
@@ -94,7 +94,10 @@ impl Index {
             for offset in piece.begin as usize..end {
                 let hash = chunk.hashes[offset];
                 assert_eq!(
-                    self.table.get(hash),
+                    match super::layout::probe(&self.table, &self.chunks, hash) {
+                        Probe::Found(_, loc) => Some(loc),
+                        Probe::Vacant(_) => None,
+                    },
                     Some(Loc {
                         chunk: c as u32,
                         offset: offset as u32

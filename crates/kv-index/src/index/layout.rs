@@ -3,7 +3,7 @@
 
 use smallvec::{SmallVec, smallvec};
 
-use crate::table::Loc;
+use crate::table::{BlockTable, Loc, Probe, Verdict};
 use crate::types::{CacheSpec, Tier};
 
 use super::MAX_CHUNK_LEN;
@@ -255,6 +255,32 @@ pub(super) fn found_at(chunks: &[Chunk], hash: i64, loc: Loc) -> Option<Found> {
         offset: loc.offset,
         piece: piece as u32,
     })
+}
+
+/// What a table entry at `loc` is to `hash` (see `BlockTable::probe`): where it lives, where
+/// it is stored dead, or another hash's position (or none any more).
+#[inline]
+pub(super) fn verdict(chunks: &[Chunk], hash: i64, loc: Loc) -> Verdict {
+    let Some(chunk) = chunks.get(loc.chunk as usize) else {
+        return Verdict::Other;
+    };
+    if chunk.hashes.get(loc.offset as usize) != Some(&hash) {
+        return Verdict::Other;
+    }
+    if chunk.pieces[chunk.piece_at(loc.offset)]
+        .placements
+        .is_empty()
+    {
+        Verdict::Held
+    } else {
+        Verdict::Live
+    }
+}
+
+/// Probes `table` for `hash`, judging its candidates against `chunks`.
+#[inline]
+pub(super) fn probe(table: &BlockTable, chunks: &[Chunk], hash: i64) -> Probe {
+    table.probe(hash, |loc| verdict(chunks, hash, loc))
 }
 
 /// The chunks where a worker holds something at one tier, with repeats and stale entries allowed

@@ -15,9 +15,10 @@
 //! - a piece's placements are the exact placements of each of its blocks.
 //!
 //! Deleting blocks is lazy: a piece whose last placement goes is *dead*, and the hash-table
-//! entries of its blocks become stale. An entry is trusted only when its chunk still stores the
-//! same hash at that offset in a live piece, so stale entries are harmless; they are purged when
-//! the table would otherwise grow. Dead space in a chunk is trimmed at its end and compacted when
+//! entries of its blocks become stale. An entry (a fingerprint, a chunk and an offset) is
+//! trusted only when its chunk stores the hash at that offset in a live piece, so stale entries
+//! are harmless; they go when the table is full and is rebuilt from the live blocks (at the same
+//! size when that leaves room, else bigger). Dead space in a chunk is trimmed at its end and compacted when
 //! it outweighs the live blocks; a chunk without live blocks is freed and its slot reused.
 //!
 //! REVOKE gathers consecutive hashes stored consecutively into ranges and changes a range a
@@ -43,12 +44,13 @@ mod layout;
 use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 
-use crate::table::BlockTable;
+use crate::table::{BlockTable, Probe};
 use crate::types::{IndexStats, ValidApply};
 
 pub use compaction::SpareTable;
 pub use effects::Effects;
 pub use export::{Export, ExportedWorker, Held, WorkerSummary};
+pub use image::TableLayout;
 pub(crate) use layout::{Chunk, Found, Placement};
 use layout::{ScanProfile, Worker, found_at};
 
@@ -88,8 +90,6 @@ pub struct Index {
     placements: usize,
     /// Live blocks.
     blocks: usize,
-    /// Table entries known to be stale (an estimate: it only decides when to purge).
-    stale: usize,
     /// Applies so far: a [`SpareTable`] is installed only into the index it was built from, as
     /// it was then.
     changes: u64,
@@ -112,8 +112,10 @@ impl Index {
     /// Where a live block is stored, if it exists.
     #[inline]
     pub(crate) fn locate(&self, hash: i64) -> Option<Found> {
-        let loc = self.table.get(hash)?;
-        found_at(&self.chunks, hash, loc)
+        match layout::probe(&self.table, &self.chunks, hash) {
+            Probe::Found(_, loc) => found_at(&self.chunks, hash, loc),
+            Probe::Vacant(_) => None,
+        }
     }
 
     /// Applies a validated batch: overwrites the worker's address and spec, then applies the
