@@ -20,9 +20,9 @@
 //! change checks that the record was made on an index at the same count of changes, and that
 //! the record is taken in order, entry kind by entry kind.
 
-use crate::table::{BlockTable, Loc, Probe};
+use crate::table::{BlockTable, Loc};
 
-use super::layout::{Chunk, Found, found_at, probe};
+use super::layout::{Chunk, Found, Lookup, lookup};
 use super::{Index, SpareTable, WARM_AHEAD};
 
 /// What the lookups of changes made to one index found, in order, to make the same changes to
@@ -161,20 +161,18 @@ impl Lookups for Live {
 
     #[inline]
     fn locate(&mut self, table: &BlockTable, chunks: &[Chunk], hash: i64) -> Option<Found> {
-        match probe(table, chunks, hash) {
-            Probe::Found(_, loc) => found_at(chunks, hash, loc),
-            Probe::Vacant(_) => None,
+        match lookup(table, chunks, hash) {
+            Lookup::Live(_, found) => Some(found),
+            Lookup::Held(..) | Lookup::Vacant(_) => None,
         }
     }
 
     #[inline]
     fn look(&mut self, table: &BlockTable, chunks: &[Chunk], hash: i64) -> Look {
-        match probe(table, chunks, hash) {
-            Probe::Found(slot, loc) => match found_at(chunks, hash, loc) {
-                Some(found) => Look::Live(found),
-                None => Look::Stale(slot),
-            },
-            Probe::Vacant(slot) => Look::Vacant(slot),
+        match lookup(table, chunks, hash) {
+            Lookup::Live(_, found) => Look::Live(found),
+            Lookup::Held(slot, _) => Look::Stale(slot),
+            Lookup::Vacant(slot) => Look::Vacant(slot),
         }
     }
 
@@ -186,13 +184,13 @@ impl Lookups for Live {
         hash: i64,
         offset: u32,
     ) -> Option<Loc> {
-        match probe(table, chunks, hash) {
-            Probe::Found(slot, loc) => {
-                table.set(slot, Loc { offset, ..loc });
-                Some(loc)
-            }
-            Probe::Vacant(_) => None,
-        }
+        let (slot, loc) = match lookup(table, chunks, hash) {
+            Lookup::Live(slot, found) => (slot, found.loc()),
+            Lookup::Held(slot, loc) => (slot, loc),
+            Lookup::Vacant(_) => return None,
+        };
+        table.set(slot, Loc { offset, ..loc });
+        Some(loc)
     }
 
     #[inline]
@@ -241,9 +239,9 @@ impl Lookups for Record<'_> {
         hash: i64,
         offset: u32,
     ) -> Option<Loc> {
-        let (slot, loc) = match probe(table, chunks, hash) {
-            Probe::Found(slot, loc) => (slot, loc),
-            Probe::Vacant(_) => unreachable!("a live block has an entry"),
+        let (slot, loc) = match lookup(table, chunks, hash) {
+            Lookup::Live(slot, found) => (slot, found.loc()),
+            Lookup::Held(..) | Lookup::Vacant(_) => unreachable!("a live block has an entry"),
         };
         table.set(slot, Loc { offset, ..loc });
         self.0.push(Effect::Moved(slot, loc));
@@ -324,7 +322,7 @@ impl Lookups for Replay<'_> {
             panic!("an entry moved where it was not recorded");
         };
         debug_assert!(
-            matches!(probe(table, chunks, hash), Probe::Found(s, l) if s == slot && l == loc)
+            matches!(lookup(table, chunks, hash), Lookup::Live(s, f) if s == slot && f.loc() == loc)
         );
         let _ = (chunks, hash);
         table.set(slot, Loc { offset, ..loc });

@@ -1,6 +1,8 @@
 //! `Index::check_invariants`: every internal invariant checked against a recount, for tests.
 
-use crate::table::{Loc, Probe};
+use crate::table::Loc;
+
+use super::layout::Lookup;
 
 use super::Index;
 use super::layout::{Chunk, Tokens};
@@ -94,9 +96,9 @@ impl Index {
             for offset in piece.begin as usize..end {
                 let hash = chunk.hashes[offset];
                 assert_eq!(
-                    match super::layout::probe(&self.table, &self.chunks, hash) {
-                        Probe::Found(_, loc) => Some(loc),
-                        Probe::Vacant(_) => None,
+                    match super::layout::lookup(&self.table, &self.chunks, hash) {
+                        Lookup::Live(_, found) => Some(found.loc()),
+                        Lookup::Held(..) | Lookup::Vacant(_) => None,
                     },
                     Some(Loc {
                         chunk: c as u32,

@@ -242,45 +242,47 @@ impl Found {
     }
 }
 
-/// `loc` is where `hash` lives if the chunk stores that hash there in a live piece.
-#[inline]
-pub(super) fn found_at(chunks: &[Chunk], hash: i64, loc: Loc) -> Option<Found> {
-    let chunk = &chunks[loc.chunk as usize];
-    if chunk.hashes.get(loc.offset as usize) != Some(&hash) {
-        return None;
-    }
-    let piece = chunk.piece_at(loc.offset);
-    (!chunk.pieces[piece].placements.is_empty()).then_some(Found {
-        chunk: loc.chunk,
-        offset: loc.offset,
-        piece: piece as u32,
-    })
+/// What a probe of the block table for a hash found ([`lookup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lookup {
+    /// The hash's live block, and the slot of the entry that leads there.
+    Live(usize, Found),
+    /// No live block; the slot of an entry that leads to where the hash is stored dead.
+    Held(usize, Loc),
+    /// Neither: the vacant slot where its entry would go.
+    Vacant(usize),
 }
 
-/// What a table entry at `loc` is to `hash` (see `BlockTable::probe`): where it lives, where
-/// it is stored dead, or another hash's position (or none any more).
+/// Looks `hash` up in `table`, judging each candidate entry against `chunks`: an entry is
+/// trusted only when its chunk stores the hash at that offset, and one that leads to a live
+/// piece wins (see `BlockTable::probe`).
 #[inline]
-pub(super) fn verdict(chunks: &[Chunk], hash: i64, loc: Loc) -> Verdict {
-    let Some(chunk) = chunks.get(loc.chunk as usize) else {
-        return Verdict::Other;
-    };
-    if chunk.hashes.get(loc.offset as usize) != Some(&hash) {
-        return Verdict::Other;
-    }
-    if chunk.pieces[chunk.piece_at(loc.offset)]
-        .placements
-        .is_empty()
-    {
-        Verdict::Held
-    } else {
+pub(super) fn lookup(table: &BlockTable, chunks: &[Chunk], hash: i64) -> Lookup {
+    let mut live = None;
+    let probe = table.probe(hash, |loc| {
+        let Some(chunk) = chunks.get(loc.chunk as usize) else {
+            return Verdict::Other;
+        };
+        if chunk.hashes.get(loc.offset as usize) != Some(&hash) {
+            return Verdict::Other;
+        }
+        let piece = chunk.piece_at(loc.offset);
+        if chunk.pieces[piece].placements.is_empty() {
+            return Verdict::Held;
+        }
+        live = Some(Found {
+            chunk: loc.chunk,
+            offset: loc.offset,
+            piece: piece as u32,
+        });
         Verdict::Live
+    });
+    // A live verdict ends the probe: `live` is that entry's block.
+    match (probe, live) {
+        (Probe::Found(slot, _), Some(found)) => Lookup::Live(slot, found),
+        (Probe::Found(slot, loc), None) => Lookup::Held(slot, loc),
+        (Probe::Vacant(slot), _) => Lookup::Vacant(slot),
     }
-}
-
-/// Probes `table` for `hash`, judging its candidates against `chunks`.
-#[inline]
-pub(super) fn probe(table: &BlockTable, chunks: &[Chunk], hash: i64) -> Probe {
-    table.probe(hash, |loc| verdict(chunks, hash, loc))
 }
 
 /// The chunks where a worker holds something at one tier, with repeats and stale entries allowed

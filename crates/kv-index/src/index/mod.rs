@@ -44,7 +44,7 @@ mod layout;
 use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 
-use crate::table::{BlockTable, Probe};
+use crate::table::BlockTable;
 use crate::types::{IndexStats, ValidApply};
 
 pub use compaction::SpareTable;
@@ -52,7 +52,7 @@ pub use effects::Effects;
 pub use export::{Export, ExportedWorker, Held, WorkerSummary};
 pub use image::TableLayout;
 pub(crate) use layout::{Chunk, Found, Placement};
-use layout::{ScanProfile, Worker, found_at};
+use layout::{Lookup, ScanProfile, Worker};
 
 /// The largest number of workers a placement can name (30 bits; 2 bits hold the tier).
 pub const MAX_WORKERS: usize = 1 << 30;
@@ -76,7 +76,7 @@ const HOLDINGS_COMPACTION_SLACK: usize = if cfg!(debug_assertions) { 2 } else { 
 /// The in-memory KV placement index. Pure: no I/O, no clock, no locking; the server wraps it.
 #[derive(Debug, Default, Clone)]
 pub struct Index {
-    /// Block hash -> where it is stored (maybe stale: see [`found_at`]).
+    /// Block hash -> where it is stored (maybe stale: see `layout::lookup`).
     table: BlockTable,
     pub(crate) chunks: Vec<Chunk>,
     free_chunks: Vec<u32>,
@@ -112,9 +112,9 @@ impl Index {
     /// Where a live block is stored, if it exists.
     #[inline]
     pub(crate) fn locate(&self, hash: i64) -> Option<Found> {
-        match layout::probe(&self.table, &self.chunks, hash) {
-            Probe::Found(_, loc) => found_at(&self.chunks, hash, loc),
-            Probe::Vacant(_) => None,
+        match layout::lookup(&self.table, &self.chunks, hash) {
+            Lookup::Live(_, found) => Some(found),
+            Lookup::Held(..) | Lookup::Vacant(_) => None,
         }
     }
 
