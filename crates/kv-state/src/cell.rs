@@ -14,10 +14,12 @@
 //!   the writer's, behind by what was just published.
 //! - Each change is made to both copies, in the same order, from the same inputs: `Index` is
 //!   deterministic, so the copies stay equal (tested in `kv-index`'s model test and here). The
-//!   first copy records what its block-table lookups found ([`kv_index::Effects`]), and the
-//!   second copy's replay takes those instead of probing its table again: equal copies have
-//!   equal tables, slot for slot. A block table rebuild happens on the writer's copy, which no
-//!   reader sees; the other copy rebuilds its own where the record says, to the same table.
+//!   copies share one block table ([`Index::twin`]): the writer's copy fills it as it changes
+//!   and records what its lookups found ([`kv_index::Effects`]); the other copy's replay takes
+//!   those and touches no table. Readers probe the table while the writer fills it, which is
+//!   sound because a filled entry never changes (`kv_index`'s `table.rs`). A block table
+//!   rebuild happens on the writer's copy, which no reader sees; the other copy takes the new
+//!   table where the record says.
 //!
 //! Nothing here is `unsafe`: the protocol is `Arc` ownership and one `RwLock` around a pointer.
 
@@ -73,7 +75,7 @@ impl IndexCell {
 enum IndexOp {
     /// An apply, replayed from the effects it recorded.
     Apply(ValidApply),
-    /// A block table rebuilt before a change: rebuilt alike.
+    /// A block table rebuilt before a change: taken too.
     Table,
     CountHits(Vec<i64>),
 }
@@ -84,12 +86,7 @@ impl IndexOp {
     fn replay(&self, index: &mut Index, effects: &mut Effects) {
         match self {
             IndexOp::Apply(batch) => index.replay_apply(batch, effects),
-            IndexOp::Table => {
-                let start = Instant::now();
-                let replaced = index.replay_table(effects);
-                crate::observe::table_rebuilt(index.table_entries(), start.elapsed());
-                drop(replaced);
-            }
+            IndexOp::Table => drop(index.replay_table(effects)),
             IndexOp::CountHits(hashes) => index.count_hits(hashes),
         }
     }
@@ -138,9 +135,9 @@ pub struct IndexWriter {
 }
 
 impl IndexWriter {
-    /// The writer of `cell`; its second copy is a clone of the published one. One per cell.
+    /// The writer of `cell`; its second copy is the published one's twin. One per cell.
     pub fn new(cell: IndexCell) -> IndexWriter {
-        let spare = Arc::new(Index::clone(&cell.read()));
+        let spare = Arc::new(cell.read().twin());
         IndexWriter {
             cell,
             spare,
@@ -160,7 +157,8 @@ impl IndexWriter {
         self.cell.read()
     }
 
-    /// The block table memory of the unpublished copy, which a snapshot child never reads.
+    /// The block table memory of the unpublished copy, which a snapshot child never reads (the
+    /// published copy's, but after a rebuild not yet published).
     pub fn spare_table_memory(&self) -> std::ops::Range<usize> {
         self.spare.table_memory()
     }
@@ -196,11 +194,11 @@ impl IndexWriter {
     }
 
     /// Publishes `index` in place of everything before it (a recovered or bootstrapped state),
-    /// and a clone of it as the writer's copy. The replaced copies are dropped after their
-    /// readers are done with them.
+    /// and its twin as the writer's copy. The replaced copies are dropped after their readers
+    /// are done with them.
     pub fn replace(&mut self, index: Index) -> (Arc<Index>, Arc<Index>) {
         debug_assert!(self.pending.is_empty(), "replaced with changes unpublished");
-        let spare = Arc::new(index.clone());
+        let spare = Arc::new(index.twin());
         let old_published = std::mem::replace(&mut *self.cell.published.write(), Arc::new(index));
         self.behind.clear();
         self.pending.clear();

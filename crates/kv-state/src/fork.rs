@@ -87,9 +87,10 @@ impl Stopper {
 /// Forks a child that writes the snapshot of `index` and `meta` at `position` into `dir`, with
 /// the block table `image`: a child writing a [`TableImage::Fresh`] one is not given the
 /// index's table (`MADV_DONTFORK`), a [`TableImage::Own`] one shares it copy-on-write. It is
-/// never given `unread` either (the writer's other copy's table). Call it on the thread that
-/// changes the index, between two changes. `Err` when no child could be made (the caller
-/// builds the snapshot another way).
+/// never given `unread` either (the writer's other copy's table), unless that is the index's
+/// own (the two copies share it but after a rebuild). Call it on the thread that changes the
+/// index, between two changes. `Err` when no child could be made (the caller builds the
+/// snapshot another way).
 pub(crate) fn spawn(
     dir: &Path,
     position: u64,
@@ -98,9 +99,13 @@ pub(crate) fn spawn(
     meta: &Meta,
     image: TableImage,
 ) -> std::io::Result<Child> {
-    let mut withheld = vec![whole_pages(unread)];
+    let own = index.table_memory();
+    let mut withheld = Vec::new();
+    if unread != own {
+        withheld.push(whole_pages(unread));
+    }
     if matches!(image, TableImage::Fresh) {
-        withheld.push(whole_pages(index.table_memory()));
+        withheld.push(whole_pages(own));
     }
     spawn_writing(dir, position, index, meta, &withheld, image)
 }
@@ -414,6 +419,33 @@ mod tests {
             "the index as at the fork"
         );
         assert!(index.export().canonical() != before);
+    }
+
+    /// The published copy's table is shared with the writer's copy, which has filled it
+    /// further: a child writing it as it is (`ForkShared`) is given it, and its image loads as
+    /// the published copy held.
+    #[test]
+    fn a_child_writing_a_shared_table_writes_the_copy_it_was_given() {
+        let (mut index, meta) = sample();
+        index.apply(&change("w-1", 1, 1_000..13_000));
+        let room = index.table_for(20_000).expect("20,000 more do not fit");
+        drop(index.install_table(room).expect("built from it"));
+        let published = index.twin();
+        index.apply(&change("w-2", 1, 20_000..35_000));
+        index.apply(&change("w-1", 2, 1_000..5_000));
+        let dir = scratch_dir("forked-shared");
+        let unread = index.table_memory();
+        assert_eq!(unread, published.table_memory(), "one table");
+        let child = spawn(&dir, 6, &published, unread, &meta, TableImage::Own).unwrap();
+        child.wait().unwrap();
+        let read = snapshot::read(&snapshot::path(&dir, 6)).unwrap();
+        read.index.check_invariants();
+        assert!(read.index.export().canonical() == published.export().canonical());
+        assert_eq!(read.index.stats().blocks, published.stats().blocks);
+        assert!(
+            index.stats().blocks > published.stats().blocks,
+            "the writer's copy is ahead"
+        );
     }
 
     #[test]

@@ -123,8 +123,8 @@ pub fn snapshot_written(bytes: u64, took: Duration) {
     metrics::gauge!("kv_indexer_snapshot_last_success_timestamp_seconds").set(now.as_secs_f64());
 }
 
-/// A block table rebuilt on the writer's copy (see [`crate::cell::Changing::make_room`]), or on
-/// the other copy when it catches up, now holding `entries`.
+/// A block table rebuilt on the writer's copy (see [`crate::cell::Changing::make_room`]; the
+/// other copy takes it when it catches up), now holding `entries`.
 pub fn table_rebuilt(entries: usize, took: Duration) {
     metrics::counter!("kv_indexer_table_rebuilds_total").increment(1);
     metrics::gauge!("kv_indexer_table_rebuild_seconds").set(took.as_secs_f64());

@@ -195,7 +195,7 @@ impl Index {
     }
 
     /// The live block `block.hash`, or else appends it after `prev` (see [`append_block`]) and
-    /// points its table entry (a vacant slot, or its stale entry) there.
+    /// gives it a table entry there.
     #[inline]
     fn find_or_append(
         &mut self,
@@ -203,15 +203,13 @@ impl Index {
         block: NewBlock,
         lookups: &mut impl Lookups,
     ) -> Stored {
-        let stale_slot = match lookups.look(&self.table, &self.chunks, block.hash) {
+        let vacant = match lookups.look(&self.table, &self.chunks, block.hash) {
             Look::Live(found) => return Stored::Existing(found),
-            Look::Stale(slot) => Ok(slot),
-            Look::Vacant(slot) => Err(slot),
+            Look::New(vacant) => vacant,
         };
         let loc = append_block(&mut self.chunks, &mut self.free_chunks, prev, block);
-        match stale_slot {
-            Ok(slot) => self.table.set(slot, loc),
-            Err(slot) => self.table.fill(slot, block.hash, loc),
+        if let Some(slot) = vacant {
+            self.table.fill(slot, block.hash, loc);
         }
         Stored::Appended(loc)
     }

@@ -4,7 +4,7 @@
 use super::effects::Lookups;
 use super::layout::{Chunk, Holder, Holdings, Piece, Tokens};
 use super::{CHUNK_COMPACTION_SLACK, HOLDINGS_COMPACTION_SLACK, Index};
-use crate::table::BlockTable;
+use crate::table::SharedTable;
 
 impl Index {
     /// After blocks of chunk `c` died: frees it when nothing is live, trims a dead end, and
@@ -29,8 +29,11 @@ impl Index {
         }
     }
 
-    /// Rewrites chunk `c` with its live positions only, re-pointing their table entries.
+    /// Rewrites chunk `c` with its live positions only, with new table entries for them where
+    /// they go (the old ones stay behind: a twin behind this index still needs them).
     fn compact_chunk(&mut self, c: u32, lookups: &mut impl Lookups) {
+        let live = self.chunks[c as usize].live as usize;
+        lookups.make_room(self, live);
         let chunk = &self.chunks[c as usize];
         let mut hashes: Vec<i64> = Vec::with_capacity(chunk.live as usize);
         let mut tokens = Tokens::Uniform(0);
@@ -55,7 +58,7 @@ impl Index {
         }
         // Moved while the chunk is as it was: an entry is judged by the hash at its offset.
         for (offset, hash) in hashes.iter().enumerate() {
-            let old = lookups.move_entry(&mut self.table, &self.chunks, *hash, offset as u32);
+            let old = lookups.move_entry(&self.table, &self.chunks, *hash, offset as u32);
             debug_assert_eq!(
                 old.map(|loc| loc.chunk),
                 Some(c),
@@ -77,11 +80,11 @@ impl Index {
         }
     }
 
-    /// Before a new table entry: drops stale entries when they are over a quarter of the table,
-    /// and grows it when it is still full (see `Lookups::make_room`). A caller that locks the
-    /// index avoids this rebuild under its write lock with [`Index::table_for`].
+    /// Before a new table entry: rebuilds the table from the live blocks when it is full (at
+    /// the same size when that leaves room, else bigger: see `Lookups::make_room`). A writer
+    /// that can rebuild where no reader waits does it before the change ([`Index::table_for`]).
     pub(super) fn make_room(&mut self, lookups: &mut impl Lookups) {
-        lookups.make_room(self);
+        lookups.make_room(self, 1);
     }
 
     /// The block table a change adding at most `blocks` new blocks would rebuild, built now
@@ -100,7 +103,7 @@ impl Index {
             .table
             .replacement(self.blocks, blocks, self.live_blocks());
         Some(SpareTable {
-            table,
+            table: SharedTable::new(table),
             room: blocks,
             built_from: Some(self.identity()),
         })
@@ -130,7 +133,7 @@ impl Index {
 /// replaced.
 #[derive(Debug)]
 pub struct SpareTable {
-    pub(super) table: BlockTable,
+    pub(super) table: SharedTable,
     /// The new entries it was built to make room for.
     pub(super) room: usize,
     /// The identity of the index it was built from, as it was then; `None` for a table taken

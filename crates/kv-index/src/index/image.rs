@@ -29,7 +29,7 @@ use std::io::{self, Read, Write};
 use smallvec::SmallVec;
 
 use crate::image_io::{ImageError, ImageInput, malformed, put_all, put_str, put_u32, put_u64};
-use crate::table::{BlockTable, Loc};
+use crate::table::{BlockTable, Loc, SharedTable};
 use crate::types::CacheSpec;
 
 use super::layout::{Chunk, Holder, Holdings, Piece, Placement, ScanProfile, Tokens, Worker};
@@ -101,7 +101,7 @@ impl Index {
         }
         put_u32(out, self.free_chunks.len() as u32)?;
         put_all(out, &mut scratch, &self.free_chunks, |c| c.to_le_bytes())?;
-        table.write_image(out, &mut scratch)?;
+        table.write_image(self.chunks.len(), out, &mut scratch)?;
         put_u64(out, self.hits.len() as u64)?;
         let mut hits: Vec<(i64, u64)> = self.hits.iter().map(|(&h, &c)| (h, c)).collect();
         hits.sort_unstable();
@@ -170,10 +170,10 @@ impl Index {
                 )));
             }
         }
-        index.table = match layout {
+        index.table = SharedTable::new(match layout {
             TableLayout::Packed => BlockTable::read_image(input, chunks)?,
             TableLayout::Wide => BlockTable::read_image_wide(input, chunks)?,
-        };
+        });
         let hits = input.u64()? as usize;
         input.expect(hits as u128 * 16)?;
         index.hits.reserve(hits.min(1 << 16));

@@ -97,8 +97,8 @@ impl Index {
                 let hash = chunk.hashes[offset];
                 assert_eq!(
                     match super::layout::lookup(&self.table, &self.chunks, hash) {
-                        Lookup::Live(_, found) => Some(found.loc()),
-                        Lookup::Held(..) | Lookup::Vacant(_) => None,
+                        Lookup::Live(found) => Some(found.loc()),
+                        Lookup::Vacant(_) => None,
                     },
                     Some(Loc {
                         chunk: c as u32,

@@ -3,7 +3,7 @@
 
 use smallvec::{SmallVec, smallvec};
 
-use crate::table::{BlockTable, Loc, Probe, Verdict};
+use crate::table::{BlockTable, Loc, Probe};
 use crate::types::{CacheSpec, Tier};
 
 use super::MAX_CHUNK_LEN;
@@ -245,42 +245,40 @@ impl Found {
 /// What a probe of the block table for a hash found ([`lookup`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lookup {
-    /// The hash's live block, and the slot of the entry that leads there.
-    Live(usize, Found),
-    /// No live block; the slot of an entry that leads to where the hash is stored dead.
-    Held(usize, Loc),
-    /// Neither: the vacant slot where its entry would go.
+    /// The hash's live block.
+    Live(Found),
+    /// None: the vacant slot where a new entry for it would go.
     Vacant(usize),
 }
 
 /// Looks `hash` up in `table`, judging each candidate entry against `chunks`: an entry is
-/// trusted only when its chunk stores the hash at that offset, and one that leads to a live
-/// piece wins (see `BlockTable::probe`).
+/// trusted only when its chunk stores the hash at that offset in a live piece (see
+/// `BlockTable::probe`).
 #[inline]
 pub(super) fn lookup(table: &BlockTable, chunks: &[Chunk], hash: i64) -> Lookup {
     let mut live = None;
     let probe = table.probe(hash, |loc| {
         let Some(chunk) = chunks.get(loc.chunk as usize) else {
-            return Verdict::Other;
+            return false;
         };
         if chunk.hashes.get(loc.offset as usize) != Some(&hash) {
-            return Verdict::Other;
+            return false;
         }
         let piece = chunk.piece_at(loc.offset);
         if chunk.pieces[piece].placements.is_empty() {
-            return Verdict::Held;
+            return false;
         }
         live = Some(Found {
             chunk: loc.chunk,
             offset: loc.offset,
             piece: piece as u32,
         });
-        Verdict::Live
+        true
     });
-    // A live verdict ends the probe: `live` is that entry's block.
+    // A live entry ends the probe: `live` is its block.
     match (probe, live) {
-        (Probe::Found(slot, _), Some(found)) => Lookup::Live(slot, found),
-        (Probe::Found(slot, loc), None) => Lookup::Held(slot, loc),
+        (Probe::Found(loc), Some(found)) if loc == found.loc() => Lookup::Live(found),
+        (Probe::Found(_), _) => unreachable!("found only where judged live"),
         (Probe::Vacant(slot), _) => Lookup::Vacant(slot),
     }
 }

@@ -17,9 +17,11 @@
 //! Deleting blocks is lazy: a piece whose last placement goes is *dead*, and the hash-table
 //! entries of its blocks become stale. An entry (a fingerprint, a chunk and an offset) is
 //! trusted only when its chunk stores the hash at that offset in a live piece, so stale entries
-//! are harmless; they go when the table is full and is rebuilt from the live blocks (at the same
-//! size when that leaves room, else bigger). Dead space in a chunk is trimmed at its end and compacted when
-//! it outweighs the live blocks; a chunk without live blocks is freed and its slot reused.
+//! are harmless, and none is ever changed: a block that moves (compacted, or dead and stored
+//! again) gets a new entry. They go when the table is full and is rebuilt from the live blocks
+//! (at the same size when that leaves room, else bigger). Dead space in a chunk is trimmed at
+//! its end and compacted when it outweighs the live blocks; a chunk without live blocks is
+//! freed and its slot reused.
 //!
 //! REVOKE gathers consecutive hashes stored consecutively into ranges and changes a range a
 //! piece at a time. Reverse holdings per `(worker, tier)` are the chunks where it holds something
@@ -44,7 +46,7 @@ mod layout;
 use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 
-use crate::table::BlockTable;
+use crate::table::SharedTable;
 use crate::types::{IndexStats, ValidApply};
 
 pub use compaction::SpareTable;
@@ -76,8 +78,9 @@ const HOLDINGS_COMPACTION_SLACK: usize = if cfg!(debug_assertions) { 2 } else { 
 /// The in-memory KV placement index. Pure: no I/O, no clock, no locking; the server wraps it.
 #[derive(Debug, Default, Clone)]
 pub struct Index {
-    /// Block hash -> where it is stored (maybe stale: see `layout::lookup`).
-    table: BlockTable,
+    /// Block hash -> where it is stored (maybe stale: see `layout::lookup`); shared with a
+    /// twin ([`Index::twin`]), copied by a clone.
+    table: SharedTable,
     pub(crate) chunks: Vec<Chunk>,
     free_chunks: Vec<u32>,
     pub(crate) workers: Vec<Worker>,
@@ -100,6 +103,28 @@ impl Index {
         Index::default()
     }
 
+    /// An equal index that shares this one's block table (a clone copies it): the other copy
+    /// of a left-right cell. Only this index may then fill the table, by its changes
+    /// ([`Index::apply_recording`]); the twin makes them after it, from what they recorded
+    /// ([`Index::replay_apply`]), and reads the table meanwhile. That is sound because an entry
+    /// is never changed once filled (see `table.rs`): what the twin's state needs stays, and
+    /// what was filled since leads nowhere in it.
+    pub fn twin(&self) -> Index {
+        Index {
+            table: self.table.share(),
+            chunks: self.chunks.clone(),
+            free_chunks: self.free_chunks.clone(),
+            workers: self.workers.clone(),
+            profiles: self.profiles.clone(),
+            worker_ids: self.worker_ids.clone(),
+            by_rank: self.by_rank.clone(),
+            hits: self.hits.clone(),
+            placements: self.placements,
+            blocks: self.blocks,
+            changes: self.changes,
+        }
+    }
+
     /// Sizes of the index.
     pub fn stats(&self) -> IndexStats {
         IndexStats {
@@ -113,8 +138,8 @@ impl Index {
     #[inline]
     pub(crate) fn locate(&self, hash: i64) -> Option<Found> {
         match layout::lookup(&self.table, &self.chunks, hash) {
-            Lookup::Live(_, found) => Some(found),
-            Lookup::Held(..) | Lookup::Vacant(_) => None,
+            Lookup::Live(found) => Some(found),
+            Lookup::Vacant(_) => None,
         }
     }
 
