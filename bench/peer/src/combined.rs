@@ -39,6 +39,8 @@ pub struct Combined {
     /// The left-right cell's applier: its time in `IndexWriter::change` (the wait for the
     /// other copy's readers and its catch-up), and the rest of its applying.
     pub catch_up: Option<(Duration, Duration)>,
+    /// Of the rest, the block table's rebuilds (`Changing::make_room`).
+    pub rebuilding: Duration,
 }
 
 impl Combined {
@@ -52,6 +54,7 @@ impl Combined {
             p99_us: percentile_us(&ns, 99.0),
             max_us: percentile_us(&ns, 100.0),
             catch_up: None,
+            rebuilding: Duration::ZERO,
         }
     }
 
@@ -180,13 +183,16 @@ fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
     writer.replace(first);
     let query = |r| cell.read().match_prefix_hits(pages.request(r), 0);
     let mut catching_up = Duration::ZERO;
+    let mut rebuilding = Duration::ZERO;
     let (wall, ns) = race(pages, query, || {
         let mut slice = Instant::now();
         for (valid, _) in timed {
             let before = Instant::now();
             let mut index = writer.change();
             catching_up += before.elapsed();
+            let before = Instant::now();
             let retired = index.make_room(valid.reported_blocks());
+            rebuilding += before.elapsed();
             index.apply(valid);
             // As the server's writer with applies always queued: a publication per slice.
             if slice.elapsed() >= cell::PUBLISH_AFTER {
@@ -202,6 +208,7 @@ fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
     assert!(writer.copies_equal(), "the two copies differ");
     let mut combined = Combined::new(wall, timed.iter().map(|(_, n)| n).sum(), ns);
     combined.catch_up = Some((catching_up, wall.saturating_sub(catching_up)));
+    combined.rebuilding = rebuilding;
     combined
 }
 
