@@ -9,7 +9,7 @@
 //! - `index`: the state; `index::layout` (chunks of chained hashes cut into pieces of equal
 //!   placements, `Holder`s, workers), `index::apply` (REPORT / REVOKE / CLEAR_ALL_AT_TIER),
 //!   `index::compaction` (purge, trim, compact, free), `index::effects` (a change recorded on one
-//!   index and replayed onto an equal one without table lookups), `index::export` (the whole index as plain
+//!   index and replayed onto its twin, sharing its table, without table lookups), `index::export` (the whole index as plain
 //!   data and back), `index::image` (the layout itself as bytes and back: snapshots; its byte
 //!   helpers in `image_io`) and `index::invariants` (the recount that tests run);
 //! - `table`: the block hash table (hash -> position in a chunk);

@@ -4,9 +4,9 @@
 //! holds a fingerprint of the hash ([`FP_BITS`] bits of its mixed value, below those that
 //! choose its home bucket) beside the chunk and offset where the block is stored; the hash
 //! itself is the chunk's, at that offset. So a slot whose fingerprint matches is only a
-//! candidate: the caller judges it against the chunks ([`Verdict`]). A table is never re-homed
-//! from its slots (they do not hold the hashes): a bigger one is built from the live blocks. A hash's probe
-//! starts at its home bucket's first slot and goes on slot by slot (linear probing from a line
+//! candidate: the caller judges it against the chunks ([`BlockTable::probe`]). A table is never
+//! re-homed from its slots (they do not hold the hashes): a bigger one is built from the live
+//! blocks. A hash's probe starts at its home bucket's first slot and goes on slot by slot (linear probing from a line
 //! boundary), so a lookup or an insert usually touches that one line.
 //!
 //! An entry is never changed or removed once filled, only left behind: the index deletes
@@ -21,8 +21,9 @@
 //! the same slots for the copy they read, which is behind it. Every entry a reader's copy needs
 //! was filled before that copy was published, and nothing overwrites it; entries filled since
 //! lead, in the reader's copy, to another hash or to nothing, and a probe passes them. The
-//! slots are atomics, read and written `Relaxed` (plain loads and stores on x86): the
-//! publication that hands a copy to readers orders everything filled before it.
+//! slots and the count are atomics, read and written `Relaxed` (plain loads and stores on x86;
+//! the one filler adds to the count by a load and a store): the publication that hands a copy
+//! to readers orders everything filled before it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -152,15 +153,22 @@ pub(crate) struct BlockTable {
     shift: u32,
 }
 
+/// A copy of the slots, counted as copied (a fill beside it cannot make the count disagree).
 impl Clone for BlockTable {
     fn clone(&self) -> BlockTable {
+        let buckets: Box<[Bucket]> = self
+            .buckets
+            .iter()
+            .map(|bucket| Bucket(std::array::from_fn(|lane| bucket.slot(lane).into())))
+            .collect();
+        let len = buckets
+            .iter()
+            .flat_map(Bucket::slots)
+            .filter(|&s| s != 0)
+            .count();
         BlockTable {
-            buckets: self
-                .buckets
-                .iter()
-                .map(|bucket| Bucket(std::array::from_fn(|lane| bucket.slot(lane).into())))
-                .collect(),
-            len: self.len().into(),
+            buckets,
+            len: len.into(),
             shift: self.shift,
         }
     }
@@ -170,8 +178,19 @@ impl Clone for BlockTable {
 /// copies of a left-right cell, of which only the first fills it (the other replays what the
 /// first found: `Index::replay_apply`). Cloned, it is copied: an index cloned for any other
 /// use fills its own.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct SharedTable(Arc<BlockTable>);
+
+/// Which table and how full, not its slots (a recorded table may be hundreds of MB).
+impl std::fmt::Debug for SharedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedTable")
+            .field("id", &self.id())
+            .field("buckets", &self.buckets.len())
+            .field("len", &self.len())
+            .finish()
+    }
+}
 
 impl Clone for SharedTable {
     fn clone(&self) -> SharedTable {
@@ -273,7 +292,8 @@ impl BlockTable {
         let slot = &self.buckets[slot / LANES].0[slot % LANES];
         debug_assert_eq!(slot.load(Relaxed), 0);
         slot.store(pack(fingerprint(hash), loc), Relaxed);
-        self.len.fetch_add(1, Relaxed);
+        // One thread fills: a load and a store, no locked add.
+        self.len.store(self.len() + 1, Relaxed);
     }
 
     /// A table of `entries` (each hash once, `len` of them) with as few buckets as a grown

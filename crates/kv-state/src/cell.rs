@@ -16,10 +16,10 @@
 //!   deterministic, so the copies stay equal (tested in `kv-index`'s model test and here). The
 //!   copies share one block table ([`Index::twin`]): the writer's copy fills it as it changes
 //!   and records what its lookups found ([`kv_index::Effects`]); the other copy's replay takes
-//!   those and touches no table. Readers probe the table while the writer fills it, which is
-//!   sound because a filled entry never changes (`kv_index`'s `table.rs`). A block table
-//!   rebuild happens on the writer's copy, which no reader sees; the other copy takes the new
-//!   table where the record says.
+//!   those and fills nothing (it only reads the table, to count hits). Readers probe the table
+//!   while the writer fills it, which is sound because a filled entry never changes
+//!   (`kv_index`'s `table.rs`). A block table rebuild happens on the writer's copy, which no
+//!   reader sees; the other copy takes the new table where the record says.
 //!
 //! Nothing here is `unsafe`: the protocol is `Arc` ownership and one `RwLock` around a pointer.
 
@@ -157,8 +157,9 @@ impl IndexWriter {
         self.cell.read()
     }
 
-    /// The block table memory of the unpublished copy, which a snapshot child never reads (the
-    /// published copy's, but after a rebuild not yet published).
+    /// The block table memory of the unpublished copy, which a snapshot child never reads: the
+    /// published copy's, but between a publication that carried a rebuild and the next change
+    /// (the unpublished copy still holds the old table until it catches up).
     pub fn spare_table_memory(&self) -> std::ops::Range<usize> {
         self.spare.table_memory()
     }
@@ -207,7 +208,7 @@ impl IndexWriter {
     }
 
     /// Publishes what is pending, then whether both copies hold the same index once the
-    /// writer's has caught up, in the same layout (their images, block table included: the
+    /// writer's has caught up, in the same layout (their images), sharing one block table (the
     /// replay of recorded effects relies on it), for tests.
     pub fn copies_equal(&mut self) -> bool {
         self.publish();
@@ -218,7 +219,9 @@ impl IndexWriter {
             index.write_image(&mut image).expect("written to memory");
             image
         };
-        published.export() == spare.export() && image(&published) == image(spare)
+        published.table_memory() == spare.table_memory()
+            && published.export() == spare.export()
+            && image(&published) == image(spare)
     }
 }
 
@@ -300,8 +303,10 @@ impl Changing<'_> {
 
     /// Rebuilds the block table now when a change adding at most `blocks` blocks would (grow
     /// it, or purge it of stale entries), so that the rebuild is counted and timed. On the
-    /// writer's copy no reader waits for it; the other copy rebuilds alike when it replays.
-    /// The table replaced, for the caller to free once it has answered.
+    /// writer's copy no reader waits for it; the other copy takes the same table when it
+    /// catches up. (A compaction inside a change may still rebuild there, uncounted.) The
+    /// writer's hold on the table replaced, to drop once it has answered: the other copy
+    /// holds it too until it catches up, which frees it.
     pub fn make_room(&mut self, blocks: usize) -> Option<SpareTable> {
         if blocks == 0 {
             return None;

@@ -71,7 +71,7 @@ pub fn open(cell: &IndexCell, settings: &StateConfig) -> Result<Opened, StateErr
         "state recovered"
     );
     fresh_ttl(&mut meta, settings.clock.now_ms());
-    // Both copies: the published one, and the writer's clone of it.
+    // Both copies: the published one, and the writer's twin of it.
     let mut copies = IndexWriter::new(cell.clone());
     copies.replace(index);
     crate::observe::index_size(stats, crate::meta::live_workers(&meta));

@@ -22,7 +22,7 @@ use super::layout::{Chunk, Found, Lookup, lookup};
 use super::{Index, SpareTable};
 
 /// What the lookups of changes made to one index found, in order, to make the same changes to
-/// an equal index ([`Index::apply_recording`], [`Index::install_table_recording`], then
+/// its twin ([`Index::apply_recording`], [`Index::install_table_recording`], then
 /// [`Index::replay_apply`], [`Index::replay_table`]).
 #[derive(Debug, Default)]
 pub struct Effects {

@@ -4,8 +4,9 @@
 //! tokens and pieces, the hash table's buckets, hit counts, counters) and
 //! [`Index::read_image`] reads them back with large sequential reads and no per-placement work:
 //! no table probe, no piece split, no reverse-holding update. The result is the same index,
-//! layout included (stale table entries, dead pieces and free chunks too), so it answers
-//! alike and has the same digest. [`Index::write_image_with_fresh_table`] writes the same
+//! layout included (stale table entries, dead pieces and free chunks too; entries a twin ahead
+//! filled are written as garbage: `BlockTable::write_image`), so it answers alike and has the
+//! same digest. [`Index::write_image_with_fresh_table`] writes the same
 //! sections with a table built from the live blocks instead (no stale entry, perhaps fewer
 //! buckets): the same index but for the table's layout. Reading checks every index that could
 //! otherwise point out of bounds (workers of placements, chunks of holdings, table entries and

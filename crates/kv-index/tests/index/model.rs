@@ -576,7 +576,12 @@ impl Twin {
             "the twin differs after step {}",
             step
         );
-        // The layout too, block table slot for slot: the next replay relies on it.
+        // The same table (the next replay relies on it), and the layout too.
+        prop_assert!(
+            self.index.table_memory() == first.table_memory(),
+            "the twin holds another table after step {}",
+            step
+        );
         let image = |index: &Index| {
             let mut image = Vec::new();
             index.write_image(&mut image).unwrap();

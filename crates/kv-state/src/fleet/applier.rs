@@ -274,7 +274,8 @@ impl Applier {
         for (number, outcome) in answers {
             self.waiters.applied(number, outcome);
         }
-        // A replaced block table is freed after the answers (freeing a large one takes a while).
+        // A replaced block table is let go after the answers (the other copy frees it when it
+        // catches up: freeing a large one takes a while).
         drop(retired);
     }
 

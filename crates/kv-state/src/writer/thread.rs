@@ -229,7 +229,8 @@ impl Thread {
         for answer in answers {
             answer.send();
         }
-        // A replaced block table is freed after the answers (freeing a large one takes a while).
+        // A replaced block table is let go after the answers (the other copy frees it when it
+        // catches up: freeing a large one takes a while).
         drop(retired);
     }
 
