@@ -304,7 +304,8 @@ impl Changing<'_> {
     /// Rebuilds the block table now when a change adding at most `blocks` blocks would (grow
     /// it, or purge it of stale entries), so that the rebuild is counted and timed. On the
     /// writer's copy no reader waits for it; the other copy takes the same table when it
-    /// catches up. (A compaction inside a change may still rebuild there, uncounted.) The
+    /// catches up. (A compaction inside a change may still rebuild there: counted by the
+    /// change's `apply`.) The
     /// writer's hold on the table replaced, to drop once it has answered: the other copy
     /// holds it too until it catches up, which frees it.
     pub fn make_room(&mut self, blocks: usize) -> Option<SpareTable> {
@@ -342,7 +343,14 @@ impl IndexChange for Changing<'_> {
     }
 
     fn apply(&mut self, batch: &ValidApply) {
+        let mark = self.log.effects.recorded();
+        let start = Instant::now();
         self.index.apply_recording(batch, &mut self.log.effects);
+        // A rebuild inside the change (not made before it by `make_room`) is counted too, timed
+        // with the change it was part of.
+        for entries in self.log.effects.tables_since(mark) {
+            crate::observe::table_rebuilt(entries, start.elapsed());
+        }
         self.log.ops.push(IndexOp::Apply(batch.clone()));
     }
 

@@ -210,6 +210,28 @@ mod tests {
     }
 
     #[test]
+    fn a_rebuild_inside_a_change_is_in_its_record() {
+        let mut index = Index::new();
+        let mut effects = crate::Effects::new();
+        index.apply_recording(&change("w", 1, 0..100), &mut effects);
+        let mark = effects.recorded();
+        assert!(mark > 0);
+        // No table made before the change: it rebuilds inside it, as it grows.
+        index.apply_recording(&change("w", 1, 100..1000), &mut effects);
+        let rebuilt: Vec<usize> = effects.tables_since(mark).collect();
+        assert!(
+            !rebuilt.is_empty(),
+            "900 more blocks do not fit the first table"
+        );
+        assert!(
+            rebuilt
+                .iter()
+                .all(|&entries| (100..1000).contains(&entries))
+        );
+        assert_eq!(effects.tables_since(effects.recorded()).count(), 0);
+    }
+
+    #[test]
     fn a_purge_built_beside_the_index_drops_only_stale_entries() {
         let mut index = Index::new();
         index.apply(&change("w", 1, 0..1000));

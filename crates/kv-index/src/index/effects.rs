@@ -70,6 +70,23 @@ impl Effects {
         effect
     }
 
+    /// How many entries are recorded: a mark for [`Effects::tables_since`].
+    pub fn recorded(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The entries held by each block table installed since `mark` ([`Effects::recorded`]):
+    /// the rebuilds a change made inside itself, which its writer did not make before it (a
+    /// compaction's moves may need room that the reported blocks did not).
+    pub fn tables_since(&self, mark: usize) -> impl Iterator<Item = usize> + '_ {
+        self.list[mark.min(self.list.len())..]
+            .iter()
+            .filter_map(|effect| match effect {
+                Effect::Table { entries, .. } => Some(*entries),
+                _ => None,
+            })
+    }
+
     /// Whether the next entry is a table rebuild.
     fn table_next(&self) -> bool {
         matches!(self.list.get(self.next), Some(Effect::Table { .. }))
@@ -95,6 +112,8 @@ enum Effect {
         room: usize,
         changes: u64,
         table: SharedTable,
+        /// Entries it held when installed (it fills on).
+        entries: usize,
     },
 }
 
@@ -335,6 +354,7 @@ impl Index {
             room,
             changes: self.changes,
             table: self.table.share(),
+            entries: self.table.len(),
         });
         Ok(replaced)
     }
@@ -353,6 +373,7 @@ impl Index {
             room: recorded,
             changes,
             table,
+            ..
         } = effect
         else {
             panic!("a table installed where {effect:?} was recorded");
