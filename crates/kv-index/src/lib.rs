@@ -26,8 +26,8 @@ pub mod validate;
 
 pub use image_io::{ImageError, ImageInput};
 pub use index::{
-    Effects, Export, ExportedWorker, Held, Index, MAX_WORKERS, SpareTable, TableLayout,
-    WorkerSummary,
+    Effects, EffectsMark, Export, ExportedWorker, Held, Index, MAX_WORKERS, SpareTable,
+    TableLayout, WorkerSummary,
 };
 pub use types::*;
 pub use validate::{ErrorClass, ValidationError, validate_lookup, validate_prefix};

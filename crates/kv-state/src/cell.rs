@@ -343,13 +343,11 @@ impl IndexChange for Changing<'_> {
     }
 
     fn apply(&mut self, batch: &ValidApply) {
-        let mark = self.log.effects.recorded();
-        let start = Instant::now();
+        let mark = self.log.effects.mark();
         self.index.apply_recording(batch, &mut self.log.effects);
-        // A rebuild inside the change (not made before it by `make_room`) is counted too, timed
-        // with the change it was part of.
+        // A rebuild inside the change (not made before it by `make_room`) is counted too.
         for entries in self.log.effects.tables_since(mark) {
-            crate::observe::table_rebuilt(entries, start.elapsed());
+            crate::observe::table_rebuilt_in_change(entries);
         }
         self.log.ops.push(IndexOp::Apply(batch.clone()));
     }

@@ -29,6 +29,15 @@ pub struct Effects {
     list: Vec<Effect>,
     /// The next entry a replay takes.
     next: usize,
+    /// Tables recorded (installed) in `list`.
+    tables: usize,
+}
+
+/// Where a record stood, for [`Effects::tables_since`].
+#[derive(Debug, Clone, Copy)]
+pub struct EffectsMark {
+    at: usize,
+    tables: usize,
 }
 
 /// Entries kept between changes: a longer list is freed once replayed.
@@ -52,9 +61,11 @@ impl Effects {
             self.list.clear();
         }
         self.next = 0;
+        self.tables = 0;
     }
 
     fn push(&mut self, effect: Effect) {
+        self.tables += usize::from(matches!(effect, Effect::Table(_)));
         self.list.push(effect);
     }
 
@@ -70,26 +81,33 @@ impl Effects {
         effect
     }
 
-    /// How many entries are recorded: a mark for [`Effects::tables_since`].
-    pub fn recorded(&self) -> usize {
-        self.list.len()
+    /// Where the record stands now, for [`Effects::tables_since`].
+    pub fn mark(&self) -> EffectsMark {
+        EffectsMark {
+            at: self.list.len(),
+            tables: self.tables,
+        }
     }
 
-    /// The entries held by each block table installed since `mark` ([`Effects::recorded`]):
-    /// the rebuilds a change made inside itself, which its writer did not make before it (a
-    /// compaction's moves may need room that the reported blocks did not).
-    pub fn tables_since(&self, mark: usize) -> impl Iterator<Item = usize> + '_ {
-        self.list[mark.min(self.list.len())..]
-            .iter()
-            .filter_map(|effect| match effect {
-                Effect::Table { entries, .. } => Some(*entries),
-                _ => None,
-            })
+    /// The entries held by each block table installed since `mark` ([`Effects::mark`]): the
+    /// rebuilds a change made inside itself, which its writer did not make before it (a
+    /// compaction's moves may need room that the reported blocks did not). Reads the record
+    /// only when there is one.
+    pub fn tables_since(&self, mark: EffectsMark) -> impl Iterator<Item = usize> + '_ {
+        let since = if self.tables > mark.tables {
+            &self.list[mark.at.min(self.list.len())..]
+        } else {
+            &[]
+        };
+        since.iter().filter_map(|effect| match effect {
+            Effect::Table(table) => Some(table.entries),
+            _ => None,
+        })
     }
 
     /// Whether the next entry is a table rebuild.
     fn table_next(&self) -> bool {
-        matches!(self.list.get(self.next), Some(Effect::Table { .. }))
+        matches!(self.list.get(self.next), Some(Effect::Table(_)))
     }
 }
 
@@ -106,15 +124,18 @@ enum Effect {
     New,
     /// A compaction gave a live block, which was here, an entry where it moved.
     Moved(Loc),
-    /// This table was installed, built with room for this many new entries at this count of
-    /// changes.
-    Table {
-        room: usize,
-        changes: u64,
-        table: SharedTable,
-        /// Entries it held when installed (it fills on).
-        entries: usize,
-    },
+    /// A table was installed (boxed: rare, and the other entries are half its size).
+    Table(Box<TableEffect>),
+}
+
+/// A table installed, built with room for `room` new entries at `changes` changes.
+#[derive(Debug)]
+struct TableEffect {
+    room: usize,
+    changes: u64,
+    table: SharedTable,
+    /// Entries it held when installed (it fills on).
+    entries: usize,
 }
 
 /// What a REPORTed block's hash is in the table: a live block, or new (with the vacant slot
@@ -350,12 +371,12 @@ impl Index {
     ) -> Result<SpareTable, SpareTable> {
         let room = spare.room;
         let replaced = self.install_table(spare)?;
-        effects.push(Effect::Table {
+        effects.push(Effect::Table(Box::new(TableEffect {
             room,
             changes: self.changes,
             table: self.table.share(),
             entries: self.table.len(),
-        });
+        })));
         Ok(replaced)
     }
 
@@ -369,15 +390,15 @@ impl Index {
     /// Installs the table `effect` names (built with room for `room` entries when given, which
     /// it must match).
     fn replay_table_effect(&mut self, effect: Effect, room: Option<usize>) -> SpareTable {
-        let Effect::Table {
+        let Effect::Table(installed) = effect else {
+            panic!("a table installed where {effect:?} was recorded");
+        };
+        let TableEffect {
             room: recorded,
             changes,
             table,
             ..
-        } = effect
-        else {
-            panic!("a table installed where {effect:?} was recorded");
-        };
+        } = *installed;
         assert_eq!(
             changes, self.changes,
             "a table rebuild recorded on an index at another change"
@@ -392,5 +413,14 @@ impl Index {
             room: 0,
             built_from: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_entry_stays_small() {
+        // One per block looked up on the apply path: a table is boxed so that it is not 40.
+        assert!(std::mem::size_of::<super::Effect>() <= 24);
     }
 }

@@ -50,7 +50,7 @@ use crate::table::SharedTable;
 use crate::types::{IndexStats, ValidApply};
 
 pub use compaction::SpareTable;
-pub use effects::Effects;
+pub use effects::{Effects, EffectsMark};
 pub use export::{Export, ExportedWorker, Held, WorkerSummary};
 pub use image::TableLayout;
 pub(crate) use layout::{Chunk, Found, Placement};
