@@ -65,7 +65,6 @@ impl Effects {
     }
 
     fn push(&mut self, effect: Effect) {
-        self.tables += usize::from(matches!(effect, Effect::Table(_)));
         self.list.push(effect);
     }
 
@@ -377,6 +376,7 @@ impl Index {
             table: self.table.share(),
             entries: self.table.len(),
         })));
+        effects.tables += 1;
         Ok(replaced)
     }
 
