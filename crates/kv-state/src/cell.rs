@@ -305,16 +305,15 @@ impl Changing<'_> {
     /// it, or purge it of stale entries), so that the rebuild is counted and timed. On the
     /// writer's copy no reader waits for it; the other copy takes the same table when it
     /// catches up. (A compaction inside a change may still rebuild there: counted by the
-    /// change's `apply`.) The
-    /// writer's hold on the table replaced, to drop once it has answered: the other copy
-    /// holds it too until it catches up, which frees it.
+    /// change's `apply`.) The writer's hold on the table replaced, to drop once it has
+    /// answered: the other copy holds it too until it catches up, which frees it.
     pub fn make_room(&mut self, blocks: usize) -> Option<SpareTable> {
         if blocks == 0 {
             return None;
         }
         let start = Instant::now();
         let spare = self.index.table_for(blocks)?;
-        crate::observe::table_rebuilt(spare.entries(), start.elapsed());
+        crate::observe::table_rebuilt(spare.entries(), Some(start.elapsed()));
         // Built from this index just now, so installed (a refusal would hand it back unused).
         match self
             .index
@@ -347,7 +346,7 @@ impl IndexChange for Changing<'_> {
         self.index.apply_recording(batch, &mut self.log.effects);
         // A rebuild inside the change (not made before it by `make_room`) is counted too.
         for entries in self.log.effects.tables_since(mark) {
-            crate::observe::table_rebuilt_in_change(entries);
+            crate::observe::table_rebuilt(entries, None);
         }
         self.log.ops.push(IndexOp::Apply(batch.clone()));
     }

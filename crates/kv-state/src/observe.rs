@@ -123,26 +123,19 @@ pub fn snapshot_written(bytes: u64, took: Duration) {
     metrics::gauge!("kv_indexer_snapshot_last_success_timestamp_seconds").set(now.as_secs_f64());
 }
 
-/// A block table rebuilt on the writer's copy (see [`crate::cell::Changing::make_room`]; the
-/// other copy takes it when it catches up), now holding `entries`.
-pub fn table_rebuilt(entries: usize, took: Duration) {
+/// A block table rebuilt on the writer's copy (the other copy takes it when it catches up),
+/// now holding `entries`: before a change ([`crate::cell::Changing::make_room`]), which times
+/// it (`took`), or inside one (`cell::Changing::apply`: a compaction needed room), counted but
+/// not timed: the index has no clock, and the change's own time would overstate it.
+pub fn table_rebuilt(entries: usize, took: Option<Duration>) {
     metrics::counter!("kv_indexer_table_rebuilds_total").increment(1);
-    metrics::gauge!("kv_indexer_table_rebuild_seconds").set(took.as_secs_f64());
+    if let Some(took) = took {
+        metrics::gauge!("kv_indexer_table_rebuild_seconds").set(took.as_secs_f64());
+    }
     tracing::debug!(
         entries,
-        took_ms = took.as_millis() as u64,
+        took_ms = took.map(|took| took.as_millis() as u64),
         "block table rebuilt on the writer's copy"
-    );
-}
-
-/// A block table rebuilt inside a change on the writer's copy (`cell::Changing::apply`: a
-/// compaction needed room), now holding `entries`. Counted, not timed: the index has no clock,
-/// and the change's own time would overstate it.
-pub fn table_rebuilt_in_change(entries: usize) {
-    metrics::counter!("kv_indexer_table_rebuilds_total").increment(1);
-    tracing::debug!(
-        entries,
-        "block table rebuilt inside a change on the writer's copy"
     );
 }
 
