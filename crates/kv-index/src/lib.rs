@@ -12,13 +12,15 @@
 //!   index and replayed onto its twin, sharing its table, without table lookups), `index::export` (the whole index as plain
 //!   data and back), `index::image` (the layout itself as bytes and back: snapshots; its byte
 //!   helpers in `image_io`) and `index::invariants` (the recount that tests run);
-//! - `table`: the block hash table (hash -> position in a chunk);
+//! - `table`: the block hash table (hash -> position in a chunk); `memory`, where it asks the
+//!   machine directly (a cache prefetch, a new table's pages mapped at once);
 //! - `prefix`: the longest-prefix scan (`MatchExternalKvPrefix`);
 //! - `lookup`: exact lookups (`MatchExternalKv`) and hit counts.
 
 mod image_io;
 mod index;
 mod lookup;
+mod memory;
 mod prefix;
 mod table;
 pub mod types;

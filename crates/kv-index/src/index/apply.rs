@@ -147,8 +147,8 @@ impl Index {
                 prev = Some(r.last());
             }
             self.make_room(lookups);
-            if L::WARMS && i >= warmed && prev.is_some_and(|p| Some(p.chunk) == appended_to) {
-                warmed = self.warm_ahead(&action.hashes, i);
+            if L::WARMS && prev.is_some_and(|p| Some(p.chunk) == appended_to) {
+                warmed = self.warm_ahead(&action.hashes, i, warmed);
             }
             let block = NewBlock {
                 hash,
@@ -182,16 +182,15 @@ impl Index {
         }
     }
 
-    /// New blocks come in runs: touches the table slots of the hashes from `i` on together
-    /// (one load each, no branch on what it finds), so that their cache misses overlap, before
-    /// they are taken one at a time; returns where the warmed stretch ends.
-    fn warm_ahead(&self, hashes: &[i64], i: usize) -> usize {
-        let warmed = (i + WARM_AHEAD).min(hashes.len());
-        let touched = hashes[i..warmed]
-            .iter()
-            .fold(0u64, |sum, &hash| sum.wrapping_add(self.table.touch(hash)));
-        std::hint::black_box(touched);
-        warmed
+    /// New blocks come in runs: keeps the table's home buckets of the next [`WARM_AHEAD`]
+    /// hashes from `i` on loading (prefetched, from `warmed` on where those before were), so
+    /// that their cache misses overlap all along the run; returns where the warmed stretch ends.
+    fn warm_ahead(&self, hashes: &[i64], i: usize, warmed: usize) -> usize {
+        let end = (i + WARM_AHEAD).min(hashes.len());
+        for &hash in &hashes[warmed.max(i)..end] {
+            self.table.prefetch(hash);
+        }
+        end
     }
 
     /// The live block `block.hash`, or else appends it after `prev` (see [`append_block`]) and
