@@ -21,6 +21,9 @@ pub(crate) fn prefetch<T>(line: &T) {
     let _ = line;
 }
 
+/// Whether [`prefetch`] does anything here: elsewhere a caller loads the line instead.
+pub(crate) const PREFETCHES: bool = cfg!(target_arch = "x86_64");
+
 /// Room for `len` values of `T`, its pages already mapped for writing where the kernel can
 /// (Linux 5.14 and later: `MADV_POPULATE_WRITE`), so that filling it takes no page fault:
 /// a fault per 4 KB page costs a new table more than writing it (128 MB: 60 ms faulting in
@@ -30,25 +33,28 @@ pub(crate) fn mapped_for_writing<T>(len: usize) -> Vec<T> {
     let vec = Vec::<T>::with_capacity(len);
     #[cfg(target_os = "linux")]
     {
-        const PAGE: usize = 4096;
+        // SAFETY: `sysconf` has no preconditions.
+        #[allow(unsafe_code)]
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         let start = vec.as_ptr() as usize;
         let end = start + len * std::mem::size_of::<T>();
-        // Whole pages only: madvise needs an aligned start (a larger page size makes the call
-        // fail, which costs only the advice).
-        let (first, last) = (start.next_multiple_of(PAGE), end - end % PAGE);
-        if last > first {
-            // SAFETY: whole pages inside the vector's own allocation, which nothing has
-            // written yet; populating maps them (zeroed, as fresh anonymous pages are, or
-            // unchanged if already mapped) and changes no byte the program could read.
+        // Whole pages only, a piece at a time (the call holds the process's memory map).
+        let (mut first, last) = (start.next_multiple_of(page), end - end % page);
+        while first < last {
+            let piece = (last - first).min(POPULATE_PIECE);
+            // SAFETY: whole pages inside the vector's own allocation, which it has not
+            // initialised: populating maps them (zeroed, as fresh anonymous pages are, or
+            // unchanged if already mapped) and changes no byte of them.
             #[allow(unsafe_code)]
             let _ = unsafe {
-                libc::madvise(
-                    first as *mut libc::c_void,
-                    last - first,
-                    libc::MADV_POPULATE_WRITE,
-                )
+                libc::madvise(first as *mut libc::c_void, piece, libc::MADV_POPULATE_WRITE)
             };
+            first += piece;
         }
     }
     vec
 }
+
+/// Bytes [`mapped_for_writing`] asks the kernel to map in one call.
+#[cfg(target_os = "linux")]
+const POPULATE_PIECE: usize = 8 << 20;

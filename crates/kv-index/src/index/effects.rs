@@ -146,7 +146,7 @@ pub(super) enum Look {
 
 /// How a change looks up the block table (see the module docs).
 pub(super) trait Lookups {
-    /// Whether a REPORT touches its new blocks' slots ahead of their lookups.
+    /// Whether a REPORT prefetches its new blocks' home buckets ahead of their lookups.
     const WARMS: bool;
 
     /// A change begins on `index`.

@@ -66,7 +66,8 @@ pub const MAX_WORKERS: usize = 1 << 30;
 /// split shifts the chunk's later pieces, a compaction copies the chunk.
 const MAX_CHUNK_LEN: usize = if cfg!(debug_assertions) { 40 } else { 1 << 12 };
 
-/// Hashes of a REPORT looked up ahead together while it adds new blocks.
+/// Hashes of a REPORT whose home buckets are prefetched ahead (rolling) while it adds new
+/// blocks.
 const WARM_AHEAD: usize = 32;
 
 /// Dead positions tolerated in a chunk beyond its live ones before it is compacted.
