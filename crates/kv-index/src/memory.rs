@@ -1,7 +1,7 @@
 //! Where the block table asks the machine directly, because a rebuild waits on memory more than
 //! on anything it computes: its pages are mapped in one call, not one fault at a time, and the
-//! cache line an insert is about to need is fetched well before it (`table.rs`'s fill). Both
-//! are advice: neither changes what the program reads.
+//! cache line an insert or a probe is about to need is fetched well before it (a table's fill,
+//! an apply's run of new blocks). Both are advice: neither changes what the program reads.
 
 /// Starts loading the cache line at `line` (a bucket's), without waiting for it.
 #[inline]
