@@ -1,11 +1,14 @@
 //! The block table's rebuild alone: an index of N distinct blocks (REPORTs of 4,096 random
-//! hashes, over 100 workers) is asked for a table with room for as many again
-//! (`Index::table_for`), which rebuilds it from the live blocks at twice the size or more; the
+//! hashes, over 100 workers) is asked for a table with room for more (`Index::table_for`); the
 //! table is dropped untimed, and this is done 7 times. Prints each rebuild's time, the median
 //! and its time per entry. This is what a writer's table growth costs (see `table.rs`).
 //!
-//! Usage: `cargo bench -p kv-index --bench rebuild [-- BLOCKS]` (default 5,000,000); pin it to
-//! a core (`taskset -c 1`) to compare builds.
+//! Usage: `cargo bench -p kv-index --bench rebuild [-- BLOCKS] [--doubling | --fill]` (default
+//! 5,000,000 blocks, room for as many again); pin it to a core (`taskset -c 1`) to compare
+//! builds. `--doubling` asks for one entry more than the table has room for: the next
+//! doubling, which a table with few stale entries makes from its own slots. `--fill` asks for
+//! room for three times as many again: a table four times the size, filled from the live
+//! blocks. Room for as many again is a doubling at some sizes (5 M) and a fill at others.
 
 use std::time::{Duration, Instant};
 
@@ -19,14 +22,21 @@ fn main() {
         .skip(1)
         .find(|arg| !arg.starts_with('-'))
         .map_or(5_000_000, |arg| arg.parse().expect("BLOCKS: a number"));
+    let mode = std::env::args().find(|arg| arg.starts_with("--"));
     let index = index_of(blocks);
     let blocks = index.stats().blocks;
+    let slots = index.table_memory().len() / 8;
+    let room = match mode.as_deref() {
+        // One more entry than the table has room for (at most 4/5 full).
+        Some("--doubling") => (slots * 4 / 5 + 1).saturating_sub(index.table_entries()),
+        Some("--fill") => 3 * blocks,
+        None => blocks,
+        Some(other) => panic!("{other}: not --doubling or --fill"),
+    };
     let mut times: Vec<Duration> = (0..ROUNDS)
         .map(|_| {
             let start = Instant::now();
-            let table = index
-                .table_for(blocks)
-                .expect("room for as many again rebuilds");
+            let table = index.table_for(room).expect("that room rebuilds");
             let took = start.elapsed();
             drop(table);
             took

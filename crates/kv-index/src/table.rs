@@ -1,13 +1,19 @@
 //! The block hash table: block hash -> where the block is stored.
 //!
 //! Open addressing over 8-byte slots, eight to a 64-byte bucket aligned to a cache line. A slot
-//! holds a fingerprint of the hash ([`FP_BITS`] bits of its mixed value, below those that
-//! choose its home bucket) beside the chunk and offset where the block is stored; the hash
-//! itself is the chunk's, at that offset. So a slot whose fingerprint matches is only a
-//! candidate: the caller judges it against the chunks ([`BlockTable::probe`]). A table is never
-//! re-homed from its slots (they do not hold the hashes): a bigger one is built from the live
-//! blocks. A hash's probe starts at its home bucket's first slot and goes on slot by slot (linear probing from a line
-//! boundary), so a lookup or an insert usually touches that one line.
+//! holds a fingerprint of the hash ([`FP_BITS`] bits of its mixed value, right below those that
+//! choose its home bucket) and how far past its home bucket it sits, beside the chunk and offset
+//! where the block is stored; the hash itself is the chunk's, at that offset. So a slot whose
+//! fingerprint matches is only a candidate: the caller judges it against the chunks
+//! ([`BlockTable::probe`]). A hash's probe starts at its home bucket's first slot and goes on
+//! slot by slot (linear probing from a line boundary), so a lookup or an insert usually touches
+//! that one line.
+//!
+//! A table that must grow is doubled from its own slots when it can ([`BlockTable::doubled`]):
+//! a slot's home and its fingerprint's first bit give its home in the doubled table, so one
+//! pass in bucket order re-homes nearly every entry without reading the chunks, at the price of
+//! a fingerprint bit. Otherwise (a small table, one with many stale entries, or one whose
+//! fingerprints are down to [`MIN_FP_BITS`]) a new one is filled from the live blocks.
 //!
 //! An entry is never changed or removed once filled, only left behind: the index deletes
 //! lazily. An entry whose block died stays (stale) until a rebuild from the live blocks; one
@@ -25,10 +31,10 @@
 //! the one filler adds to the count by a load and a store): the publication that hands a copy
 //! to readers orders everything filled before it.
 
+mod image;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-
-use crate::image_io::{ImageError, ImageInput, put_all, put_u64};
 
 /// Where a hash is stored: a chunk and a position in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,21 +43,45 @@ pub(crate) struct Loc {
     pub(crate) offset: u32,
 }
 
-/// A slot: `fingerprint << 42 | (chunk + 1) << 12 | offset` (0 = vacant).
+/// A slot: `fingerprint << 42 | displacement << 40 | (chunk + 1) << 12 | offset` (0 =
+/// vacant). `displacement`: how many buckets past its home bucket the entry sits, up to
+/// [`FAR`].
 type Slot = u64;
 
-/// Bits of a slot's fingerprint: a false match costs a read of the chunk it names.
+/// Bits of a slot's fingerprint: the bits of the mixed hash right below its home bits. A false
+/// match costs a read of the chunk it names.
 const FP_BITS: u32 = 22;
-/// Where the fingerprint's bits start in the mixed value: below the home bits of any table of
-/// up to 2^20 buckets (8 M slots), so that entries sharing a bucket rarely share it.
-const FP_SHIFT: u32 = 64 - 20 - FP_BITS;
+/// A fingerprint's bits.
+const FP_MASK: u64 = (1 << FP_BITS) - 1;
+/// Bits of a slot's displacement.
+const DISPLACEMENT_BITS: u32 = 2;
+/// Where a slot's displacement starts.
+const DISPLACEMENT_SHIFT: u32 = 64 - FP_BITS - DISPLACEMENT_BITS;
+/// The displacement of an entry that far or farther from its home bucket (rare: see
+/// [`BlockTable::doubled`]).
+const FAR: usize = (1 << DISPLACEMENT_BITS) - 1;
+/// The fewest fingerprint bits a table doubled from its slots may be left to judge by (each
+/// doubling takes one for the home; see [`BlockTable::doubled`]): a probe of about eight slots
+/// then reads a chunk for nothing once in about 500. Debug builds (the tests) go down to 6, so
+/// that false matches happen all the time.
+const MIN_FP_BITS: u32 = if cfg!(debug_assertions) { 6 } else { 12 };
+/// The fewest buckets a table is doubled from its slots at (4 MB): a smaller one is filled
+/// from the live blocks, which is quick, and gives its slots every fingerprint bit back, so
+/// that doublings from its slots last it to 2^10 times the size. Debug builds (the tests)
+/// double any table from its slots.
+const DOUBLE_FROM: usize = if cfg!(debug_assertions) {
+    MIN_BUCKETS
+} else {
+    1 << 16
+};
 /// Bits of a slot's offset: a chunk holds at most 4,096 positions.
 const OFFSET_BITS: u32 = 12;
 /// Bits of a slot's chunk number (plus one).
-const CHUNK_BITS: u32 = 64 - FP_BITS - OFFSET_BITS;
-/// Chunks a table can name: 1 G, far past any index that fits in memory (at 8 bytes a slot
-/// alone, the table of that many one-block chunks would be over 8 GB). Past it, an apply panics
-/// and the process aborts rather than serve a half-applied index.
+const CHUNK_BITS: u32 = DISPLACEMENT_SHIFT - OFFSET_BITS;
+/// Chunks a table can name: 256 M, far past any index that fits in memory (at 8 bytes a slot
+/// alone, the table of that many one-block chunks would be over 2 GB, and each chunk takes
+/// 100 bytes or more). Past it, an apply panics and the process aborts rather than serve a
+/// half-applied index; an image naming more is refused.
 pub(crate) const MAX_CHUNKS: u32 = (1 << CHUNK_BITS) - 1;
 
 /// Slots per bucket: one cache line.
@@ -91,9 +121,10 @@ fn mixed(hash: i64) -> u64 {
     (hash as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// `hash`'s fingerprint.
-fn fingerprint(hash: i64) -> u64 {
-    (mixed(hash) >> FP_SHIFT) & ((1 << FP_BITS) - 1)
+/// `hash`'s fingerprint in a table whose home buckets take its mixed value's top `64 - shift`
+/// bits: the [`FP_BITS`] below those.
+fn fingerprint(hash: i64, shift: u32) -> u64 {
+    mixed(hash).checked_shl(64 - shift).unwrap_or(0) >> (64 - FP_BITS)
 }
 
 fn pack(fp: u64, loc: Loc) -> Slot {
@@ -108,6 +139,22 @@ fn pack(fp: u64, loc: Loc) -> Slot {
 
 fn slot_fp(slot: Slot) -> u64 {
     slot >> (64 - FP_BITS)
+}
+
+/// `slot` naming `loc` instead, its fingerprint and displacement kept.
+fn relocated(slot: Slot, loc: Loc) -> Slot {
+    (slot & (!0 << DISPLACEMENT_SHIFT)) | pack(0, loc)
+}
+
+fn displacement(slot: Slot) -> usize {
+    (slot >> DISPLACEMENT_SHIFT) as usize & FAR
+}
+
+/// `slot` with the displacement of sitting in bucket `at` when its home is `home`, in a table of
+/// `mask + 1` buckets.
+fn displaced(slot: Slot, home: usize, at: usize, mask: usize) -> Slot {
+    let far = (at.wrapping_sub(home) & mask).min(FAR);
+    slot | (far as u64) << DISPLACEMENT_SHIFT
 }
 
 /// The chunk number plus one (0: vacant).
@@ -125,9 +172,6 @@ fn unpack(slot: Slot) -> Loc {
 /// How many entries ahead of its insert a rebuild prefetches an entry's home bucket (see
 /// [`BlockTable::filled`]): 32 was 5 % faster than 16 or 64 at 5 M entries.
 const FILL_AHEAD: usize = 32;
-
-/// Buckets per run of the image (see [`BlockTable::write_image`]).
-const IMAGE_RUN: usize = 1 << 12;
 
 /// Whether `entries` in `buckets` would load the table past 4/5, its most.
 fn over_max_load(entries: usize, buckets: usize) -> bool {
@@ -162,6 +206,10 @@ pub(crate) struct BlockTable {
     len: AtomicUsize,
     /// `64 - log2(buckets.len())`.
     shift: u32,
+    /// Low fingerprint bits that slots filled before the table was last doubled from its slots
+    /// do not hold (one per such doubling: see [`BlockTable::doubled`]); no probe judges by
+    /// them.
+    fp_drop: u32,
 }
 
 /// A copy of the slots, counted as copied (a fill beside it cannot make the count disagree).
@@ -181,6 +229,7 @@ impl Clone for BlockTable {
             buckets,
             len: len.into(),
             shift: self.shift,
+            fp_drop: self.fp_drop,
         }
     }
 }
@@ -254,6 +303,17 @@ impl BlockTable {
         (mixed(hash) >> self.shift) as usize
     }
 
+    /// `hash`'s fingerprint in this table.
+    fn fingerprint(&self, hash: i64) -> u64 {
+        fingerprint(hash, self.shift)
+    }
+
+    /// Whether `slot` may be the entry of a hash with fingerprint `fp`.
+    #[inline]
+    fn matches(&self, slot: Slot, fp: u64) -> bool {
+        (slot_fp(slot) ^ fp) >> self.fp_drop == 0
+    }
+
     /// Starts loading `hash`'s home bucket into the cache, without waiting for it, so that
     /// many of them (see `Index::warm_ahead`) miss the cache at once.
     pub(crate) fn prefetch(&self, hash: i64) {
@@ -272,15 +332,34 @@ impl BlockTable {
             return Probe::Vacant(0);
         }
         let mask = self.buckets.len() - 1;
-        let fp = fingerprint(hash);
+        let fp = self.fingerprint(hash);
         let mut b = self.home(hash);
         loop {
             for (lane, slot) in self.buckets[b].slots().enumerate() {
                 if slot == 0 {
                     return Probe::Vacant(b * LANES + lane);
                 }
-                if slot_fp(slot) == fp && live(unpack(slot)) {
+                if self.matches(slot, fp) && live(unpack(slot)) {
                     return Probe::Found(unpack(slot));
+                }
+            }
+            b = (b + 1) & mask;
+        }
+    }
+
+    /// Checks (for `Index::check_invariants`) that the entry of `hash` leading to `loc` is
+    /// there and says how far from home it sits, which a doubling relies on.
+    pub(crate) fn check_displacement(&self, hash: i64, loc: Loc) {
+        let mask = self.buckets.len() - 1;
+        let (home, fp) = (self.home(hash), self.fingerprint(hash));
+        let mut b = home;
+        loop {
+            for slot in self.buckets[b].slots() {
+                assert_ne!(slot, 0, "no entry of {hash} leads to {loc:?}");
+                if self.matches(slot, fp) && unpack(slot) == loc {
+                    let far = (b.wrapping_sub(home) & mask).min(FAR);
+                    assert_eq!(displacement(slot), far, "displacement of {hash}'s entry");
+                    return;
                 }
             }
             b = (b + 1) & mask;
@@ -300,9 +379,12 @@ impl BlockTable {
     /// table; others may probe it meanwhile.
     pub(crate) fn fill(&self, slot: usize, hash: i64, loc: Loc) {
         debug_assert!(!self.is_full());
+        let mask = self.buckets.len() - 1;
+        let value = pack(self.fingerprint(hash), loc);
+        let value = displaced(value, self.home(hash), slot / LANES, mask);
         let slot = &self.buckets[slot / LANES].0[slot % LANES];
         debug_assert_eq!(slot.load(Relaxed), 0);
-        slot.store(pack(fingerprint(hash), loc), Relaxed);
+        slot.store(value, Relaxed);
         // One thread fills: a load and a store, no locked add.
         self.len.store(self.len() + 1, Relaxed);
     }
@@ -326,17 +408,76 @@ impl BlockTable {
         start..start + std::mem::size_of_val(&*self.buckets)
     }
 
-    /// A table to replace this one, holding `entries` (each hash once, `len` of them) with room
-    /// for `more` beyond them: this table's size if that leaves the room, else as many times
-    /// doubled as it takes. Built from `&self`, so that a caller can build it beside readers
-    /// and swap it in (see `Index::table_for`).
+    /// A table to replace this one, holding the live `entries` (each hash once, `len` of them)
+    /// with room for `more` beyond them: this table's size if that leaves the room, else as
+    /// many times doubled as it takes. Built from `&self`, so that a caller can build it beside
+    /// readers and swap it in (see `Index::table_for`). Where doubling once is enough and few
+    /// of its entries are stale, it is doubled from its own slots ([`BlockTable::doubled`],
+    /// which asks `live_hash` for the hash live at an entry's location, if any), else filled
+    /// with `entries`.
     pub(crate) fn replacement(
         &self,
         len: usize,
         more: usize,
         entries: impl Iterator<Item = (i64, Loc)>,
+        live_hash: impl FnMut(Loc) -> Option<i64>,
     ) -> BlockTable {
-        BlockTable::filled(buckets_for(len + more, self.buckets.len()), len, entries)
+        let buckets = buckets_for(len + more, self.buckets.len());
+        if self.doubles_into(buckets, len, more) {
+            return self.doubled(live_hash);
+        }
+        BlockTable::filled(buckets, len, entries)
+    }
+
+    /// Whether a table of `buckets` for `live` entries and `more` can be this one doubled from
+    /// its slots: twice its size, with room for `more` beside the stale entries it carries
+    /// over, which are at most an eighth of its entries, and fingerprint bits to spare.
+    fn doubles_into(&self, buckets: usize, live: usize, more: usize) -> bool {
+        let stale = self.len().saturating_sub(live);
+        self.buckets.len() >= DOUBLE_FROM
+            && buckets == 2 * self.buckets.len()
+            && stale * 8 <= self.len()
+            && FP_BITS - self.fp_drop > MIN_FP_BITS
+            && !over_max_load(self.len() + more, buckets)
+    }
+
+    /// This table doubled from its own slots, in one pass in bucket order that reads no chunk
+    /// for nearly all of them. An entry's home bucket `h` is where it sits less its
+    /// displacement; in the doubled table it is `2h` or `2h + 1`, as its fingerprint's first
+    /// bit says (the next bit of the mixed hash), and the fingerprint shifts up by that bit, so
+    /// the new table's slots hold one bit fewer (`fp_drop`). Inserted in this order, the
+    /// entries land near one another, so the new table is written almost in order. An entry
+    /// [`FAR`] or farther from home (rare) cannot tell its home: it is re-homed from the hash
+    /// `live_hash` gives for its location, and dropped when none is live there or that hash
+    /// is not the entry's. Stale entries elsewhere are carried over.
+    fn doubled(&self, mut live_hash: impl FnMut(Loc) -> Option<i64>) -> BlockTable {
+        let mut table = BlockTable::empty(self.buckets.len() * 2);
+        table.fp_drop = self.fp_drop + 1;
+        let mask = self.buckets.len() - 1;
+        let mut far = Vec::new();
+        for (b, bucket) in self.buckets.iter().enumerate() {
+            for slot in bucket.slots().take_while(|&slot| slot != 0) {
+                let loc = unpack(slot);
+                match displacement(slot) {
+                    FAR => {
+                        if let Some(hash) = live_hash(loc)
+                            && self.matches(slot, self.fingerprint(hash))
+                        {
+                            far.push((hash, loc));
+                        }
+                    }
+                    d => {
+                        let fp = slot_fp(slot);
+                        let home = 2 * (b.wrapping_sub(d) & mask) + (fp >> (FP_BITS - 1)) as usize;
+                        table.insert_at(home, pack(fp << 1 & FP_MASK, loc));
+                    }
+                }
+            }
+        }
+        for (hash, loc) in far {
+            table.insert_at(table.home(hash), pack(table.fingerprint(hash), loc));
+        }
+        table
     }
 
     /// `buckets` vacant buckets.
@@ -353,6 +494,7 @@ impl BlockTable {
             buckets: new,
             len: 0.into(),
             shift: 64 - buckets.trailing_zeros(),
+            fp_drop: 0,
         }
     }
 
@@ -370,7 +512,7 @@ impl BlockTable {
             table.buckets[home].prefetch();
             let next = std::mem::replace(
                 &mut ahead[taken % FILL_AHEAD],
-                (home, pack(fingerprint(hash), loc)),
+                (home, pack(table.fingerprint(hash), loc)),
             );
             if taken >= FILL_AHEAD {
                 table.insert_filling(next, len);
@@ -390,208 +532,20 @@ impl BlockTable {
         self.insert_at(home, slot);
     }
 
-    /// Puts `slot` into the first vacant slot from bucket `home` on.
+    /// Puts `slot` (with no displacement) into the first vacant slot from bucket `home` on,
+    /// with its displacement there.
     fn insert_at(&mut self, home: usize, slot: Slot) {
         let mask = self.buckets.len() - 1;
         let mut b = home;
         loop {
             if let Some(vacant) = self.buckets[b].0.iter_mut().find(|s| s.load(Relaxed) == 0) {
-                *vacant.get_mut() = slot;
+                *vacant.get_mut() = displaced(slot, home, b, mask);
                 *self.len.get_mut() += 1;
                 return;
             }
             b = (b + 1) & mask;
         }
     }
-
-    /// Writes the table as its image, for an index of `chunks` chunks: the bucket and entry
-    /// counts, then per run of [`IMAGE_RUN`] buckets each bucket's occupied slot count (a byte)
-    /// and those slots. With no removal, a bucket's occupied slots are always its first ones (a
-    /// probe fills the first vacant slot it meets), so the counts say where every slot goes and
-    /// vacant ones take no room. An entry naming a chunk past `chunks` was filled by a twin
-    /// that is ahead (see [`SharedTable`]): it is written naming chunk 0's first position,
-    /// garbage that keeps its slot occupied, so that probes still pass it. Nothing may fill the
-    /// table meanwhile (a forked child's copy, or its writer's thread between changes).
-    pub(crate) fn write_image(
-        &self,
-        chunks: usize,
-        out: &mut impl std::io::Write,
-        scratch: &mut Vec<u8>,
-    ) -> std::io::Result<()> {
-        if chunks == 0 {
-            // Nothing is live, so every entry is garbage: an empty table.
-            return BlockTable::default().write_image(1, out, scratch);
-        }
-        put_u64(out, self.buckets.len() as u64)?;
-        put_u64(out, self.len() as u64)?;
-        let own = |slot: Slot| match slot_chunk(slot) {
-            c if c <= chunks as u64 => slot,
-            _ => pack(
-                slot_fp(slot),
-                Loc {
-                    chunk: 0,
-                    offset: 0,
-                },
-            ),
-        };
-        let mut slots: Vec<Slot> = Vec::with_capacity(IMAGE_RUN * LANES);
-        for run in self.buckets.chunks(IMAGE_RUN) {
-            slots.clear();
-            let counts: Vec<u8> = run
-                .iter()
-                .map(|bucket| {
-                    let occupied = bucket.slots().take_while(|&slot| slot != 0).map(own);
-                    let before = slots.len();
-                    slots.extend(occupied);
-                    (slots.len() - before) as u8
-                })
-                .collect();
-            out.write_all(&counts)?;
-            put_all(out, scratch, &slots, |slot| slot.to_le_bytes())?;
-        }
-        Ok(())
-    }
-
-    /// Reads what [`BlockTable::write_image`] wrote, for an index of `chunks` chunks: every
-    /// entry must name one of them, and the entry count must be right.
-    pub(crate) fn read_image(
-        input: &mut ImageInput<impl std::io::Read>,
-        chunks: usize,
-    ) -> Result<BlockTable, ImageError> {
-        let (buckets, len) = read_sizes(input)?;
-        // Allocated as the runs arrive: a damaged count must fail on the bytes, not abort on a
-        // reservation 64 times the file.
-        let mut read: Vec<Bucket> = Vec::with_capacity(buckets.min(IMAGE_RUN));
-        let mut total_read = 0;
-        let mut bad = None;
-        let mut left = buckets;
-        while left > 0 {
-            let counts = read_counts(input, left.min(IMAGE_RUN), LANES)?;
-            let total = counts.iter().map(|&c| usize::from(c)).sum();
-            let slots = input.all(total, u64::from_le_bytes)?;
-            let mut slots = slots.into_iter();
-            for &count in &counts {
-                let mut bucket = [0; LANES];
-                for slot in &mut bucket[..usize::from(count)] {
-                    *slot = slots.next().expect("counted");
-                    let chunk = slot_chunk(*slot);
-                    if chunk == 0 || chunk > chunks as u64 {
-                        bad.get_or_insert(chunk);
-                    }
-                }
-                read.push(Bucket::of(bucket));
-            }
-            total_read += total;
-            left -= counts.len();
-        }
-        check_read(bad, chunks, total_read, len, buckets)?;
-        Ok(BlockTable {
-            buckets: read.into_boxed_slice(),
-            len: total_read.into(),
-            shift: 64 - buckets.max(1).trailing_zeros(),
-        })
-    }
-
-    /// Reads a table image of snapshot format 3 (16-byte slots, four to a bucket, the whole
-    /// hash in each) into this layout: the same entries, re-homed.
-    pub(crate) fn read_image_wide(
-        input: &mut ImageInput<impl std::io::Read>,
-        chunks: usize,
-    ) -> Result<BlockTable, ImageError> {
-        const WIDE_LANES: usize = 4;
-        let (buckets, len) = read_sizes(input)?;
-        let mut entries = Vec::with_capacity(len.min(1 << 20));
-        let mut bad = None;
-        let mut left = buckets;
-        while left > 0 {
-            let counts = read_counts(input, left.min(IMAGE_RUN), WIDE_LANES)?;
-            let total = counts.iter().map(|&c| usize::from(c)).sum();
-            input.each(total, |bytes: [u8; 16]| {
-                let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
-                let (hash, value) = (word(0) as i64, word(8));
-                let chunk = value >> 32;
-                if chunk == 0 || chunk > chunks as u64 {
-                    bad.get_or_insert(chunk);
-                } else {
-                    entries.push((
-                        hash,
-                        Loc {
-                            chunk: chunk as u32 - 1,
-                            offset: value as u32,
-                        },
-                    ));
-                }
-            })?;
-            left -= counts.len();
-        }
-        check_read(
-            bad,
-            chunks,
-            entries.len(),
-            len,
-            buckets_for(len, MIN_BUCKETS),
-        )?;
-        if entries.is_empty() {
-            return Ok(BlockTable::default());
-        }
-        let buckets = buckets_for(entries.len() + 1, MIN_BUCKETS);
-        Ok(BlockTable::filled(
-            buckets,
-            entries.len(),
-            entries.into_iter(),
-        ))
-    }
-}
-
-/// The bucket and entry counts an image of the table starts with, the buckets checked.
-fn read_sizes(input: &mut ImageInput<impl std::io::Read>) -> Result<(usize, usize), ImageError> {
-    let buckets = input.u64()? as usize;
-    let len = input.u64()? as usize;
-    if buckets != 0 && (!buckets.is_power_of_two() || buckets < MIN_BUCKETS) {
-        return Err(table_malformed(format!("{buckets} buckets")));
-    }
-    // Every bucket has its count byte; the table gets no more buckets than that allows.
-    input.expect(buckets as u128)?;
-    Ok((buckets, len))
-}
-
-/// One run's occupied-slot counts, each at most `lanes`.
-fn read_counts(
-    input: &mut ImageInput<impl std::io::Read>,
-    run: usize,
-    lanes: usize,
-) -> Result<Vec<u8>, ImageError> {
-    let counts = input.bytes(run as u64)?;
-    if let Some(&count) = counts.iter().find(|&&c| usize::from(c) > lanes) {
-        return Err(table_malformed(format!("a bucket of {count} slots")));
-    }
-    Ok(counts)
-}
-
-/// Fails when an entry named a chunk past `chunks` (`bad`), or the entries read are not the
-/// `written` count or overload the buckets.
-fn check_read(
-    bad: Option<u64>,
-    chunks: usize,
-    read: usize,
-    written: usize,
-    buckets: usize,
-) -> Result<(), ImageError> {
-    if let Some(chunk) = bad {
-        return Err(table_malformed(format!(
-            "an entry names chunk slot {chunk} of {chunks}"
-        )));
-    }
-    if read != written || over_max_load(written, buckets) {
-        return Err(table_malformed(format!(
-            "{read} entries where {written} were written, in {buckets} buckets"
-        )));
-    }
-    Ok(())
-}
-
-fn table_malformed(what: String) -> ImageError {
-    ImageError::Malformed(format!("the block table: {what}"))
 }
 
 #[cfg(test)]
@@ -601,6 +555,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::image_io::ImageInput;
 
     /// What the chunks would say: the hash stored at each location (all live).
     type Stored = HashMap<(u32, u32), i64>;
@@ -623,7 +578,9 @@ mod tests {
             let entries = stored
                 .iter()
                 .map(|(&(chunk, offset), &hash)| (hash, Loc { chunk, offset }));
-            *table = table.replacement(stored.len(), 1, entries);
+            *table = table.replacement(stored.len(), 1, entries, |loc| {
+                stored.get(&(loc.chunk, loc.offset)).copied()
+            });
         }
         if let Some(old) = get(table, stored, hash) {
             stored.remove(&(old.chunk, old.offset));
@@ -658,7 +615,8 @@ mod tests {
                     stored.retain(|_, hash| model.contains_key(hash));
                     let more = value as usize % 50;
                     let kept = model.iter().map(|(&hash, &loc)| (hash, loc));
-                    table = table.replacement(model.len(), more, kept);
+                    let live_hash = |loc: Loc| stored.get(&(loc.chunk, loc.offset)).copied();
+                    table = table.replacement(model.len(), more, kept, live_hash);
                     prop_assert!(table.has_room(more));
                 }
                 // Moved hashes leave their old entries behind until a rebuild.
@@ -672,6 +630,7 @@ mod tests {
             prop_assert_eq!(input.offset(), image.len() as u64);
             prop_assert_eq!(read.len(), table.len());
             prop_assert_eq!(read.shift, table.shift);
+            prop_assert_eq!(read.fp_drop, table.fp_drop);
             let slots = |table: &BlockTable| -> Vec<Slot> {
                 table.buckets.iter().flat_map(Bucket::slots).collect()
             };
@@ -687,7 +646,7 @@ mod tests {
 
     #[test]
     fn a_full_bucket_spills_into_the_next() {
-        let mut table = BlockTable::default().replacement(0, 1, std::iter::empty());
+        let mut table = BlockTable::default().replacement(0, 1, std::iter::empty(), |_| None);
         let mut stored = Stored::new();
         // Hashes with one home bucket: the multiplier's top bits decide it, so look for them.
         let home = table.home(1);
@@ -712,7 +671,7 @@ mod tests {
     /// it lives; a new entry goes past all of them.
     #[test]
     fn a_probe_finds_the_live_entry_past_old_ones() {
-        let table = BlockTable::default().replacement(0, 1, std::iter::empty());
+        let table = BlockTable::default().replacement(0, 1, std::iter::empty(), |_| None);
         let hash = 77;
         let loc = |offset| Loc { chunk: 3, offset };
         for offset in 0..3 {
@@ -750,7 +709,10 @@ mod tests {
             let filled = BlockTable::filled(buckets, n, entries.iter().copied());
             let mut one_by_one = BlockTable::empty(buckets);
             for &(hash, loc) in &entries {
-                one_by_one.insert_at(one_by_one.home(hash), pack(fingerprint(hash), loc));
+                one_by_one.insert_at(
+                    one_by_one.home(hash),
+                    pack(one_by_one.fingerprint(hash), loc),
+                );
             }
             let slots = |table: &BlockTable| -> Vec<Slot> {
                 table.buckets.iter().flat_map(Bucket::slots).collect()
@@ -758,6 +720,91 @@ mod tests {
             assert_eq!(slots(&filled), slots(&one_by_one), "{n} entries");
             assert_eq!(filled.len(), n);
         }
+    }
+
+    /// Doubled from its slots, a table finds every live entry where a filled one would, with
+    /// one fingerprint bit fewer each time. Hashes crowd two home buckets, one of them the
+    /// last (its overflow wraps around to the first), so that entries sit near home and
+    /// [`FAR`] from it. Moved hashes leave stale entries: those near home are carried over,
+    /// those far from home are dropped, whether nothing is live at their location or another
+    /// hash is. Past the fingerprint bits it may spend, the table is filled from the live
+    /// blocks again. (Release builds double only big tables.)
+    #[cfg(debug_assertions)]
+    #[test]
+    fn a_table_doubles_from_its_slots() {
+        let mut table = BlockTable::default().replacement(0, 60, std::iter::empty(), |_| None);
+        assert_eq!(table.buckets.len(), 16);
+        let mut stored = Stored::new();
+        let at_home = |home: usize, n: usize| -> Vec<i64> {
+            (1i64..)
+                .filter(|&h| table.home(h) == home)
+                .take(n)
+                .collect()
+        };
+        // 10 at home in the last bucket, inserted first, then 34 at home in the first.
+        let hashes: Vec<i64> = [at_home(15, 10), at_home(0, 34)].concat();
+        for (i, &hash) in hashes.iter().enumerate() {
+            table.fill(
+                table.vacant(hash),
+                hash,
+                Loc {
+                    chunk: 1,
+                    offset: i as u32,
+                },
+            );
+            stored.insert((1, i as u32), hash);
+        }
+        let far = |table: &BlockTable| -> usize {
+            let slots = table.buckets.iter().flat_map(Bucket::slots);
+            slots.filter(|&s| s != 0 && displacement(s) == FAR).count()
+        };
+        assert!(far(&table) > 0);
+        // Five move; two of them leave entries far from home, and another hash takes the
+        // location of one of those.
+        for i in [0, 12, 20, 34, 42] {
+            let moved = Loc {
+                chunk: 2,
+                offset: i,
+            };
+            let hash = stored.remove(&(1, i)).unwrap();
+            stored.insert((2, i), hash);
+            table.fill(table.vacant(hash), hash, moved);
+        }
+        let other = (1i64 << 40..).find(|h| !hashes.contains(h)).unwrap();
+        table.fill(
+            table.vacant(other),
+            other,
+            Loc {
+                chunk: 1,
+                offset: 34,
+            },
+        );
+        stored.insert((1, 34), other);
+        let live_hash = |loc: Loc| stored.get(&(loc.chunk, loc.offset)).copied();
+        for doublings in 1..=FP_BITS - MIN_FP_BITS {
+            let live = stored.len();
+            let room = table.buckets.len() * LANES * 4 / 5 + 1 - live;
+            let before = table.len();
+            table = table.replacement(live, room, std::iter::empty(), live_hash);
+            assert_eq!(table.fp_drop, doublings);
+            if doublings == 1 {
+                assert_eq!(
+                    table.len(),
+                    before - 2,
+                    "two stale entries far from home dropped"
+                );
+            }
+            for (&(chunk, offset), &hash) in &stored {
+                assert_eq!(get(&table, &stored, hash), Some(Loc { chunk, offset }));
+                table.check_displacement(hash, Loc { chunk, offset });
+            }
+        }
+        let entries = stored
+            .iter()
+            .map(|(&(chunk, offset), &hash)| (hash, Loc { chunk, offset }));
+        let room = table.buckets.len() * LANES * 4 / 5 + 1 - stored.len();
+        let filled = table.replacement(stored.len(), room, entries, live_hash);
+        assert_eq!((filled.fp_drop, filled.len()), (0, stored.len()));
     }
 
     #[test]

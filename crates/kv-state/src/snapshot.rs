@@ -35,8 +35,9 @@ const MAGIC: &[u8; 8] = b"SGLKVSNP";
 /// The snapshot format this server writes and reads.
 /// 2: each worker's bridge batch number after its incarnation (version 1, without it, still
 /// loads, with none). 3: the index's own layout (1 and 2 still load). 4: the block table in
-/// 8-byte slots (a format-3 table is re-homed into them as it loads).
-pub const VERSION: u32 = 4;
+/// 8-byte slots (a format-3 table is re-homed as it loads). 5: slots a table doubles from
+/// (a format-4 table is filled anew from the live blocks as it loads).
+pub const VERSION: u32 = 5;
 const HEADER_LEN: usize = 8 + 4 + 8 + 8 + 4;
 /// Buffer of the streamed reads and writes.
 const IO_BUFFER: usize = 1 << 20;
@@ -193,7 +194,7 @@ pub(crate) enum TableImage {
     Fresh,
 }
 
-/// Writes the format-4 payload of the snapshot at `position`; returns its length and CRC-32.
+/// Writes the format-5 payload of the snapshot at `position`; returns its length and CRC-32.
 fn write_payload(
     out: &mut impl Write,
     position: u64,
@@ -336,7 +337,7 @@ fn check_header(path: &Path, bytes: &[u8]) -> Result<Header, StateFileError> {
     })
 }
 
-/// Reads a format-3 or 4 payload of `size` bytes from `input` (positioned after the header): the
+/// Reads a format-3, 4 or 5 payload of `size` bytes from `input` (positioned after the header): the
 /// worker state section, then the index image; all of it must be the header's length and
 /// checksum. When the payload does not parse, the rest is read too, so that damage is reported
 /// as a checksum mismatch and only an intact payload that does not parse as malformed.
@@ -349,10 +350,10 @@ fn read_payload(
     // Bounded by what the file holds too: the header's length is only checked at the end.
     let mut input = ImageInput::new(Summed::new(input), header.len.min(size));
     let parsed = read_meta_section(&mut input).and_then(|meta| {
-        let layout = if header.version == 3 {
-            TableLayout::Wide
-        } else {
-            TableLayout::Packed
+        let layout = match header.version {
+            3 => TableLayout::Wide,
+            4 => TableLayout::FixedFingerprints,
+            _ => TableLayout::Packed,
         };
         let index = Index::read_image_of(&mut input, layout).map_err(|error| {
             let what = match error {
@@ -654,19 +655,23 @@ pub(crate) mod tests {
         assert_eq!(loaded.meta, known);
     }
 
-    /// A format-3 snapshot (written before the table's 8-byte slots) loads as the index it
-    /// held: its table re-homed, every entry found.
+    /// Format-3 snapshots (16-byte slots, whole hashes) and format-4 ones (fingerprints from
+    /// fixed bits) load as the index they held, the table re-homed or filled anew.
     #[test]
-    fn a_version_3_snapshot_still_loads() {
-        let bytes = include_bytes!("snapshot/fixtures/format-3-sample.snap");
-        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
+    fn version_3_and_4_snapshots_still_load() {
         let (index, meta) = sample();
-        let origin = Path::new("format-3-sample.snap");
-        same(&from_bytes(origin, bytes).unwrap(), &index, &meta, 7);
-        let dir = scratch_dir("version-3");
-        let file = path(&dir, 7);
-        std::fs::write(&file, bytes).unwrap();
-        same(&read(&file).unwrap(), &index, &meta, 7);
+        let fixtures: [(u32, &[u8]); 2] = [
+            (3, include_bytes!("snapshot/fixtures/format-3-sample.snap")),
+            (4, include_bytes!("snapshot/fixtures/format-4-sample.snap")),
+        ];
+        for (version, bytes) in fixtures {
+            assert_eq!(bytes[8..12], version.to_le_bytes());
+            let loaded = from_bytes(Path::new("fixture"), bytes).unwrap();
+            same(&loaded, &index, &meta, 7);
+            let file = path(&scratch_dir(&format!("version-{version}")), 7);
+            std::fs::write(&file, bytes).unwrap();
+            same(&read(&file).unwrap(), &index, &meta, 7);
+        }
     }
 
     /// Every cut and every flipped byte of a snapshot is refused with a corruption error

@@ -2,7 +2,7 @@
 //! freeing empty ones, and compacting reverse holdings.
 
 use super::effects::Lookups;
-use super::layout::{Chunk, Holder, Holdings, Piece, Tokens};
+use super::layout::{Chunk, Holder, Holdings, Piece, Tokens, live_at};
 use super::{CHUNK_COMPACTION_SLACK, HOLDINGS_COMPACTION_SLACK, Index};
 use crate::table::SharedTable;
 
@@ -80,28 +80,31 @@ impl Index {
         }
     }
 
-    /// Before a new table entry: rebuilds the table from the live blocks when it is full (at
-    /// the same size when that leaves room, else bigger: see `Lookups::make_room`). A writer
+    /// Before a new table entry: rebuilds the table when it is full (at the same size when
+    /// that leaves room, else bigger: see `Lookups::make_room`). A writer
     /// that can rebuild where no reader waits does it before the change ([`Index::table_for`]).
     pub(super) fn make_room(&mut self, lookups: &mut impl Lookups) {
         lookups.make_room(self, 1);
     }
 
     /// The block table a change adding at most `blocks` new blocks would rebuild, built now
-    /// from `&self` out of the live blocks (no stale entry left; as big as before if that
-    /// leaves the room, else doubled as need be); `None` when it has the room. A caller holding the index behind a lock builds it under a
-    /// read lock and swaps it in with [`Index::install_table`] under the write lock, just
-    /// before the change: readers go on meanwhile, where a rebuild inside the change would
+    /// from `&self` (as big as before if that leaves the room, else doubled as need be; filled
+    /// from the live blocks, leaving no stale entry, unless it is doubled from its own slots:
+    /// see `BlockTable::replacement`); `None` when it has the room. A caller holding the index
+    /// behind a lock builds it under a read lock and swaps it in with [`Index::install_table`]
+    /// under the write lock, just before the change: readers go on meanwhile, where a rebuild inside the change would
     /// hold them for its whole length (it touches every entry: seconds at 100 M placements).
     pub fn table_for(&self, blocks: usize) -> Option<SpareTable> {
         if self.table.has_room(blocks) {
             return None;
         }
         // The slots hold fingerprints, not hashes: the live blocks, chunk by chunk, are where
-        // the hashes are.
+        // the hashes are (a table doubled from its slots reads only a few of them).
         let table = self
             .table
-            .replacement(self.blocks, blocks, self.live_blocks());
+            .replacement(self.blocks, blocks, self.live_blocks(), |loc| {
+                live_at(&self.chunks, loc).map(|(hash, _)| hash)
+            });
         Some(SpareTable {
             table: SharedTable::new(table),
             room: blocks,

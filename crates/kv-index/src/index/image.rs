@@ -20,8 +20,8 @@
 //! - chunks: count, then per chunk its length, live count, flags (hit counts, per-block tokens),
 //!   tokens (one value or one per position), hashes, pieces (begin, placements as
 //!   `(holder, mask)` pairs);
-//! - free chunk slots; the table (buckets, entries, then per run of buckets their occupied
-//!   slot counts and those slots: see `BlockTable::write_image`);
+//! - free chunk slots; the table (buckets, entries, fingerprint bits dropped, then per run of
+//!   buckets their occupied slot counts and those slots: see `BlockTable::write_image`);
 //! - hit counts `(hash, count)`; the counters (placements, blocks; format 3 had a third, an
 //!   estimate of stale table entries, read and dropped).
 
@@ -30,7 +30,7 @@ use std::io::{self, Read, Write};
 use smallvec::SmallVec;
 
 use crate::image_io::{ImageError, ImageInput, malformed, put_all, put_str, put_u32, put_u64};
-use crate::table::{BlockTable, Loc, SharedTable};
+use crate::table::{BlockTable, Loc, MAX_CHUNKS, SharedTable};
 use crate::types::CacheSpec;
 
 use super::layout::{Chunk, Holder, Holdings, Piece, Placement, ScanProfile, Tokens, Worker};
@@ -41,7 +41,11 @@ use super::{Index, MAX_WORKERS};
 pub enum TableLayout {
     /// 16-byte slots holding whole hashes, four to a bucket (snapshot format 3).
     Wide,
-    /// 8-byte slots holding fingerprints, eight to a bucket (snapshot format 4).
+    /// 8-byte slots holding fingerprints from fixed bits of the hash, eight to a bucket
+    /// (snapshot format 4).
+    FixedFingerprints,
+    /// 8-byte slots holding fingerprints from the bits below the home bucket's and how far
+    /// from home each sits, eight to a bucket (snapshot format 5).
     Packed,
 }
 
@@ -124,7 +128,8 @@ impl Index {
         Index::read_image_of(input, TableLayout::Packed)
     }
 
-    /// Reads an image whose block table has `layout`: an older one's is re-homed into today's.
+    /// Reads an image whose block table has `layout`: an older one's is re-homed into today's,
+    /// or filled anew.
     pub fn read_image_of(
         input: &mut ImageInput<impl Read>,
         layout: TableLayout,
@@ -144,6 +149,11 @@ impl Index {
             index.workers.push(worker);
         }
         let chunks = input.u64()? as usize;
+        if chunks > MAX_CHUNKS as usize {
+            return Err(malformed(format!(
+                "{chunks} chunks, past the {MAX_CHUNKS} a table names"
+            )));
+        }
         // A chunk takes at least 17 bytes; the vector grows as they arrive.
         input.expect(chunks as u128 * 17)?;
         index.chunks.reserve(chunks.min(1 << 16));
@@ -171,10 +181,7 @@ impl Index {
                 )));
             }
         }
-        index.table = SharedTable::new(match layout {
-            TableLayout::Packed => BlockTable::read_image(input, chunks)?,
-            TableLayout::Wide => BlockTable::read_image_wide(input, chunks)?,
-        });
+        index.table = SharedTable::new(index.read_table(input, layout)?);
         let hits = input.u64()? as usize;
         input.expect(hits as u128 * 16)?;
         index.hits.reserve(hits.min(1 << 16));
@@ -193,6 +200,25 @@ impl Index {
         }
         index.rank_all();
         Ok(index)
+    }
+
+    /// Reads the block table's image, laid out as `layout`, for this index's chunks (read).
+    fn read_table(
+        &self,
+        input: &mut ImageInput<impl Read>,
+        layout: TableLayout,
+    ) -> Result<BlockTable, ImageError> {
+        let chunks = self.chunks.len();
+        Ok(match layout {
+            TableLayout::Packed => BlockTable::read_image(input, chunks)?,
+            TableLayout::FixedFingerprints => {
+                // Its slots cannot be re-homed: read (and checked), then filled anew from
+                // the live blocks.
+                BlockTable::read_image_fixed(input, chunks)?;
+                BlockTable::with_entries(self.live_blocks().count(), self.live_blocks())
+            }
+            TableLayout::Wide => BlockTable::read_image_wide(input, chunks)?,
+        })
     }
 
     /// Ranks every worker by id and refreshes every scan profile.

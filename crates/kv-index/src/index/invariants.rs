@@ -106,6 +106,11 @@ impl Index {
                     }),
                     "table entry of live block {hash}"
                 );
+                let loc = Loc {
+                    chunk: c as u32,
+                    offset: offset as u32,
+                };
+                self.table.check_displacement(hash, loc);
             }
         }
         assert_eq!(chunk.live as usize, live, "chunk {c} live count");

@@ -257,23 +257,12 @@ pub(super) enum Lookup {
 #[inline]
 pub(super) fn lookup(table: &BlockTable, chunks: &[Chunk], hash: i64) -> Lookup {
     let mut live = None;
-    let probe = table.probe(hash, |loc| {
-        let Some(chunk) = chunks.get(loc.chunk as usize) else {
-            return false;
-        };
-        if chunk.hashes.get(loc.offset as usize) != Some(&hash) {
-            return false;
+    let probe = table.probe(hash, |loc| match live_at(chunks, loc) {
+        Some((at, found)) if at == hash => {
+            live = Some(found);
+            true
         }
-        let piece = chunk.piece_at(loc.offset);
-        if chunk.pieces[piece].placements.is_empty() {
-            return false;
-        }
-        live = Some(Found {
-            chunk: loc.chunk,
-            offset: loc.offset,
-            piece: piece as u32,
-        });
-        true
+        _ => false,
     });
     // A live entry ends the probe: `live` is its block.
     match (probe, live) {
@@ -281,6 +270,23 @@ pub(super) fn lookup(table: &BlockTable, chunks: &[Chunk], hash: i64) -> Lookup 
         (Probe::Found(_), _) => unreachable!("found only where judged live"),
         (Probe::Vacant(slot), _) => Lookup::Vacant(slot),
     }
+}
+
+/// The hash stored at `loc` and where, if it is live there (in a piece with placements).
+#[inline]
+pub(super) fn live_at(chunks: &[Chunk], loc: Loc) -> Option<(i64, Found)> {
+    let chunk = chunks.get(loc.chunk as usize)?;
+    let hash = *chunk.hashes.get(loc.offset as usize)?;
+    let piece = chunk.piece_at(loc.offset);
+    if chunk.pieces[piece].placements.is_empty() {
+        return None;
+    }
+    let found = Found {
+        chunk: loc.chunk,
+        offset: loc.offset,
+        piece: piece as u32,
+    };
+    Some((hash, found))
 }
 
 /// The chunks where a worker holds something at one tier, with repeats and stale entries allowed

@@ -19,9 +19,10 @@
 //! trusted only when its chunk stores the hash at that offset in a live piece, so stale entries
 //! are harmless, and none is ever changed: a block that moves (compacted, or dead and stored
 //! again) gets a new entry. They go when the table is full and is rebuilt from the live blocks
-//! (at the same size when that leaves room, else bigger). Dead space in a chunk is trimmed at
-//! its end and compacted when it outweighs the live blocks; a chunk without live blocks is
-//! freed and its slot reused.
+//! (at the same size when that leaves room, else bigger; a table that grows with few stale
+//! entries is doubled from its own slots instead, carrying them over). Dead space in a chunk is
+//! trimmed at its end and compacted when it outweighs the live blocks; a chunk without live
+//! blocks is freed and its slot reused.
 //!
 //! REVOKE gathers consecutive hashes stored consecutively into ranges and changes a range a
 //! piece at a time. Reverse holdings per `(worker, tier)` are the chunks where it holds something
