@@ -81,8 +81,8 @@ impl Index {
     }
 
     /// Before a new table entry: rebuilds the table when it is full (at the same size when
-    /// that leaves room, else bigger: see `Lookups::make_room`). A writer
-    /// that can rebuild where no reader waits does it before the change ([`Index::table_for`]).
+    /// that leaves room, else bigger: see `Lookups::make_room`). A writer that can rebuild
+    /// where no reader waits does it before the change ([`Index::table_for`]).
     pub(super) fn make_room(&mut self, lookups: &mut impl Lookups) {
         lookups.make_room(self, 1);
     }
@@ -92,8 +92,9 @@ impl Index {
     /// from the live blocks, leaving no stale entry, unless it is doubled from its own slots:
     /// see `BlockTable::replacement`); `None` when it has the room. A caller holding the index
     /// behind a lock builds it under a read lock and swaps it in with [`Index::install_table`]
-    /// under the write lock, just before the change: readers go on meanwhile, where a rebuild inside the change would
-    /// hold them for its whole length (it touches every entry: seconds at 100 M placements).
+    /// under the write lock, just before the change: readers go on meanwhile, where a rebuild
+    /// inside the change would hold them for its whole length (it touches every entry: seconds
+    /// at 100 M placements).
     pub fn table_for(&self, blocks: usize) -> Option<SpareTable> {
         if self.table.has_room(blocks) {
             return None;

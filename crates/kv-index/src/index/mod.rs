@@ -33,8 +33,9 @@
 //! Modules: `layout` (holders, placements, pieces, chunks, workers, appending a block), `apply`
 //! (REPORT / REVOKE / CLEAR and the range update they share), `compaction` (purge, trim, compact,
 //! free), `effects` (changes recorded on one index, replayed onto its twin, which shares its
-//! table, without table lookups: a left-right cell's other copy), `export` (the contents as plain data), `image` (the
-//! layout itself as bytes, for snapshots), `invariants` (`Index::check_invariants`, for tests).
+//! table, without table lookups: a left-right cell's other copy), `export` (the contents as
+//! plain data), `image` (the layout itself as bytes, for snapshots), `invariants`
+//! (`Index::check_invariants`, for tests).
 
 mod apply;
 mod compaction;
