@@ -150,11 +150,15 @@ fn displacement(slot: Slot) -> usize {
     (slot >> DISPLACEMENT_SHIFT) as usize & FAR
 }
 
-/// `slot` with the displacement of sitting in bucket `at` when its home is `home`, in a table of
-/// `mask + 1` buckets.
+/// The displacement of an entry in bucket `at` whose home is `home`, in a table of `mask + 1`
+/// buckets: how many buckets past home it sits (wrapping around), up to [`FAR`].
+fn distance(home: usize, at: usize, mask: usize) -> usize {
+    (at.wrapping_sub(home) & mask).min(FAR)
+}
+
+/// `slot` with the displacement of sitting in bucket `at` when its home is `home`.
 fn displaced(slot: Slot, home: usize, at: usize, mask: usize) -> Slot {
-    let far = (at.wrapping_sub(home) & mask).min(FAR);
-    slot | (far as u64) << DISPLACEMENT_SHIFT
+    slot | (distance(home, at, mask) as u64) << DISPLACEMENT_SHIFT
 }
 
 /// The chunk number plus one (0: vacant).
@@ -357,7 +361,7 @@ impl BlockTable {
             for slot in self.buckets[b].slots() {
                 assert_ne!(slot, 0, "no entry of {hash} leads to {loc:?}");
                 if self.matches(slot, fp) && unpack(slot) == loc {
-                    let far = (b.wrapping_sub(home) & mask).min(FAR);
+                    let far = distance(home, b, mask);
                     assert_eq!(displacement(slot), far, "displacement of {hash}'s entry");
                     return;
                 }
