@@ -68,6 +68,7 @@ fn state_code(error: &ChangeError) -> Code {
         | ChangeError::Stale { .. }
         | ChangeError::SharedLog(_)
         | ChangeError::LogReset
+        | ChangeError::Unanswered { .. }
         | ChangeError::WriterGone
         | ChangeError::LogUnwritable(_)
         | ChangeError::DiskFull(_) => Code::Unavailable,

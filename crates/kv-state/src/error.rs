@@ -98,6 +98,10 @@ pub enum ChangeError {
     SharedLog(#[source] Arc<StreamError>),
     #[error("the shared log lost this change before it was applied (Redis lost data); retry")]
     LogReset,
+    #[error(
+        "this replica appended the change to the shared log but did not read it back within {waited_s} s (Redis may have lost it in a failover); retry"
+    )]
+    Unanswered { waited_s: u64 },
     #[error("the server is stopping")]
     WriterGone,
     #[error("the log cannot be written; changes are refused until the server restarts")]

@@ -174,6 +174,12 @@ pub fn event_log_append_failed() {
     metrics::counter!("kv_indexer_event_log_append_failures_total").increment(1);
 }
 
+/// Changes a replica appended but did not read back from the shared log within the bound
+/// (refused: their callers retry).
+pub fn event_log_changes_unanswered(changes: usize) {
+    metrics::counter!("kv_indexer_event_log_unanswered_changes_total").increment(changes as u64);
+}
+
 /// A replica that found its index no longer explained by the shared log and bootstrapped again.
 pub fn fleet_rebootstraps() {
     metrics::counter!("kv_indexer_fleet_rebootstraps_total").increment(1);

@@ -1,7 +1,9 @@
 //! The appender: takes the service's jobs (the same `Writer` handle as a single server) and
-//! appends each group to the shared stream with one pipelined `XADD` round trip. It never
-//! touches the index: each job waits for the applier to reach its entry. A Redis that cannot
-//! be reached answers UNAVAILABLE; the bridges queue and retry.
+//! appends each group to the shared stream in one round trip (a script that checks the
+//! stream's epoch is the one the applier follows, then `XADD`s). It never touches the index:
+//! each job waits for the applier to reach its entry. A Redis that cannot be reached, a
+//! replica still bootstrapping, or another epoch answers UNAVAILABLE; the bridges queue and
+//! retry.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,12 +93,18 @@ impl Appender {
         }
         let (numbers, records): (Vec<u64>, Vec<(String, Vec<u8>)>) =
             entries.into_iter().map(|(n, o, r)| (n, (o, r))).unzip();
+        // Appended only to the history the applier follows: entries appended elsewhere (a
+        // Redis that lost the log) would never be read back.
+        let Some(epoch) = self.waiters.followed() else {
+            self.waiters.refuse(&numbers, || ChangeError::NotReady);
+            return;
+        };
         let appended = match self.stream.take() {
             Some(stream) => Ok(stream),
             None => self.config.connect(),
         }
         .and_then(|mut stream| {
-            let positions = stream.append(&records)?;
+            let positions = stream.append(&epoch, &records)?;
             Ok((stream, positions))
         });
         match appended {

@@ -15,7 +15,7 @@ use tracing::{error, info, warn};
 use super::build::Base;
 use super::freshness::Freshness;
 use super::rollback::Rollback;
-use super::waiters::{Outcome, Waiters};
+use super::waiters::{ANSWER_BOUND, Outcome, Waiters};
 use crate::apply::apply_record;
 use crate::cell::{Changing, IndexWriter};
 use crate::clock::{Clock, now_ms};
@@ -96,6 +96,15 @@ impl Applier {
         // Since when Redis has been unreachable, and how many attempts have failed.
         let mut outage: Option<(Instant, u64)> = None;
         while !self.stop.load(Ordering::Acquire) {
+            let unanswered = self.waiters.expire(ANSWER_BOUND);
+            if unanswered > 0 {
+                warn!(
+                    changes = unanswered,
+                    bound_s = ANSWER_BOUND.as_secs(),
+                    "changes this replica appended were not read back from the shared log in time (lost by Redis?): refused (UNAVAILABLE), the callers retry"
+                );
+                crate::observe::event_log_changes_unanswered(unanswered);
+            }
             match self.step() {
                 Ok(()) => {
                     backoff = Duration::from_millis(50);
@@ -136,6 +145,7 @@ impl Applier {
                     self.freshness.ready.store(false, Ordering::Release);
                     self.ready_at = None;
                     self.epoch = None;
+                    self.waiters.follow(None);
                     self.base = None;
                     self.waiters.refuse_all(|| ChangeError::LogReset);
                 }

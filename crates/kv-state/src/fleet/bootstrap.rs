@@ -82,6 +82,7 @@ impl Applier {
         self.generation += 1;
         self.ready_at = Some(bounds.map_or(0, |(_, last)| last + 1));
         self.epoch = Some(epoch.clone());
+        self.waiters.follow(Some(epoch.clone()));
         self.base = base;
         self.last_snapshot = Instant::now();
         info!(

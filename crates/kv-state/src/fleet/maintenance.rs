@@ -115,8 +115,9 @@ impl Applier {
         };
         self.expiries += 1;
         let origin = format!("{}:x{}", self.replica, self.expiries);
+        let epoch = self.epoch.as_deref().expect("bootstrapped");
         let stream = self.stream.as_mut().expect("connected");
-        stream.append(&[(origin, record.encode())])?;
+        stream.append(epoch, &[(origin, record.encode())])?;
         Ok(())
     }
 

@@ -1,8 +1,11 @@
 //! The jobs a replica accepted, each waiting under its own number until the applier reaches
-//! its entry and answers it with what applying it did (read-your-writes).
+//! its entry and answers it with what applying it did (read-your-writes), or until
+//! [`ANSWER_BOUND`] passes; and the epoch of the history the applier follows, which the
+//! appender's appends must match.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kv_index::IndexStats;
 use parking_lot::Mutex;
@@ -49,9 +52,19 @@ pub(super) enum Outcome {
     Lost,
 }
 
+/// How long a job waits for the applier to read its entry back before it is refused
+/// (UNAVAILABLE, so the caller retries; the sequence gate makes the retry a duplicate if the
+/// entry is applied after all). An entry can be lost after its append was answered: written
+/// to a primary that then failed before its replicas held it (without
+/// `KV_INDEXER_EVENT_LOG_MIN_REPLICAS`), it is never read. Longer than the bridge's own call
+/// deadline (10 s), so that in a deployment this only frees what callers gave up on.
+pub(super) const ANSWER_BOUND: Duration = Duration::from_secs(15);
+
 /// A job, and what its entry did once applied if it may not be answered yet.
 struct Slot {
     waiter: Waiter,
+    /// When it was registered.
+    since: Instant,
     /// The append is as durable as asked (`KV_INDEXER_EVENT_LOG_MIN_REPLICAS`): answer when
     /// applied.
     confirmed: bool,
@@ -71,11 +84,14 @@ impl Slot {
 /// once its entry is applied and its append confirmed (with `MIN_REPLICAS` the applier may
 /// read an entry before its Redis replicas hold it: the answer then waits for the appender).
 ///
-/// Beside them wait the asks for the workers' meta, which the applier holds.
+/// Beside them wait the asks for the workers' meta, which the applier holds, and the epoch it
+/// follows.
 #[derive(Clone, Default)]
 pub(super) struct Waiters {
-    slots: Arc<Mutex<HashMap<u64, Slot>>>,
+    /// In number order, which is the order of registration.
+    slots: Arc<Mutex<BTreeMap<u64, Slot>>>,
     meta_asks: Arc<Mutex<Vec<oneshot::Sender<Meta>>>>,
+    epoch: Arc<Mutex<Option<String>>>,
 }
 
 impl Waiters {
@@ -83,6 +99,7 @@ impl Waiters {
     pub(super) fn register(&self, number: u64, waiter: Waiter, confirmed: bool) {
         let slot = Slot {
             waiter,
+            since: Instant::now(),
             confirmed,
             outcome: None,
         };
@@ -128,6 +145,36 @@ impl Waiters {
         }
     }
 
+    /// Refuses the jobs waiting longer than `bound` ([`ChangeError::Unanswered`]); how many.
+    pub(super) fn expire(&self, bound: Duration) -> usize {
+        let mut expired = Vec::new();
+        {
+            let mut slots = self.slots.lock();
+            while let Some(entry) = slots.first_entry() {
+                if entry.get().since.elapsed() < bound {
+                    break;
+                }
+                expired.push(entry.remove());
+            }
+        }
+        let waited_s = bound.as_secs();
+        let count = expired.len();
+        for slot in expired {
+            slot.waiter.refuse(ChangeError::Unanswered { waited_s });
+        }
+        count
+    }
+
+    /// The applier follows the history `epoch` now (none: it is bootstrapping).
+    pub(super) fn follow(&self, epoch: Option<String>) {
+        *self.epoch.lock() = epoch;
+    }
+
+    /// The epoch of the history the applier follows (none: it is bootstrapping).
+    pub(super) fn followed(&self) -> Option<String> {
+        self.epoch.lock().clone()
+    }
+
     /// Asks the applier for the workers' meta (answered at its next read of the log).
     pub(super) fn ask_meta(&self, reply: oneshot::Sender<Meta>) {
         self.meta_asks.lock().push(reply);
@@ -143,9 +190,43 @@ impl Waiters {
 
     /// Refuses every waiting job.
     pub(super) fn refuse_all(&self, error: impl Fn() -> ChangeError) {
-        let pending: Vec<Slot> = self.slots.lock().drain().map(|(_, slot)| slot).collect();
-        for slot in pending {
+        let pending = std::mem::take(&mut *self.slots.lock());
+        for slot in pending.into_values() {
             slot.waiter.refuse(error());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(waiters: &Waiters, number: u64) -> oneshot::Receiver<Result<Applied, ChangeError>> {
+        let (reply, answer) = oneshot::channel();
+        waiters.register(number, Waiter::Record(reply), true);
+        answer
+    }
+
+    #[test]
+    fn a_job_waits_until_applied_or_refused_past_the_bound() {
+        let waiters = Waiters::default();
+        let mut first = waiting(&waiters, 1);
+        let mut second = waiting(&waiters, 2);
+        assert_eq!(waiters.expire(Duration::from_secs(60)), 0);
+        assert!(first.try_recv().is_err(), "still waiting");
+        std::thread::sleep(Duration::from_millis(20));
+        let mut third = waiting(&waiters, 3);
+        // The two older than the bound are refused, the newer one still waits.
+        assert_eq!(waiters.expire(Duration::from_millis(10)), 2);
+        for answer in [&mut first, &mut second] {
+            assert!(matches!(
+                answer.try_recv(),
+                Ok(Err(ChangeError::Unanswered { .. }))
+            ));
+        }
+        assert!(third.try_recv().is_err(), "still waiting");
+        waiters.applied(3, Outcome::Lost);
+        assert!(matches!(third.try_recv(), Ok(Err(ChangeError::LogReset))));
+        assert_eq!(waiters.expire(Duration::ZERO), 0, "nothing left");
     }
 }

@@ -28,6 +28,18 @@ mod config;
 
 pub use config::{StreamConfig, StreamConfigError};
 
+/// Appends entries (`ARGV[2..]`: origin, record, origin, record, …) if the stream's epoch
+/// (`KEYS[2]`) is `ARGV[1]`; answers their ids.
+const APPEND_SCRIPT: &str = r"
+    if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+        return redis.error_reply('KVEPOCH the stream has lost the history this replica follows (another epoch, or none): not appending')
+    end
+    local ids = {}
+    for i = 2, #ARGV, 2 do
+        ids[#ids + 1] = redis.call('XADD', KEYS[1], '0-*', 'r', ARGV[i], 'd', ARGV[i + 1])
+    end
+    return ids";
+
 /// A published snapshot's chunk size.
 pub const CHUNK_BYTES: usize = 4 << 20;
 /// How long the chunks of a snapshot being published live unless the publish completes.
@@ -130,18 +142,25 @@ impl Stream {
         }
     }
 
-    /// Appends `records` in order, each with its origin, in one round trip; returns their
-    /// positions.
-    pub fn append(&mut self, records: &[(String, Vec<u8>)]) -> Result<Vec<u64>, StreamError> {
+    /// Appends `records` in order, each with its origin, in one round trip, if the stream's
+    /// epoch is still `epoch` (checked in the same script, so a Redis that lost the log, such
+    /// as a primary restarted empty, refuses the append instead of taking entries no replica
+    /// will read); returns their positions.
+    pub fn append(
+        &mut self,
+        epoch: &str,
+        records: &[(String, Vec<u8>)],
+    ) -> Result<Vec<u64>, StreamError> {
         let mut pipe = redis::pipe();
+        let append = pipe
+            .cmd("EVAL")
+            .arg(APPEND_SCRIPT)
+            .arg(2)
+            .arg(&self.config.key)
+            .arg(self.key("epoch"))
+            .arg(epoch);
         for (origin, record) in records {
-            pipe.cmd("XADD")
-                .arg(&self.config.key)
-                .arg("0-*")
-                .arg("r")
-                .arg(origin)
-                .arg("d")
-                .arg(record);
+            append.arg(origin).arg(record);
         }
         let wanted = self.config.min_replicas;
         if wanted > 0 {
@@ -164,8 +183,11 @@ impl Stream {
                 )));
             }
         }
-        answers
-            .into_iter()
+        let ids = match answers.pop() {
+            Some(Value::Array(ids)) if answers.is_empty() => ids,
+            other => return Err(self.unexpected(format!("the append script answered {other:?}"))),
+        };
+        ids.into_iter()
             .map(|answer| {
                 let id: String = redis::from_redis_value(answer)
                     .map_err(|error| self.unexpected(format!("XADD answered {error}")))?;

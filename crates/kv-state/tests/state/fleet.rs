@@ -346,6 +346,39 @@ async fn a_lost_log_makes_every_replica_start_over_instead_of_serving_what_it_no
     b.stop().await;
 }
 
+/// An append names the history it is for: a Redis that lost the log (another epoch, or none,
+/// such as a primary restarted empty) refuses it and holds nothing of it, instead of taking
+/// entries no replica will read.
+#[test]
+fn an_append_to_another_history_is_refused_and_leaves_nothing() {
+    let Some(redis) = RedisServer::start(false) else {
+        return;
+    };
+    let config = StreamConfig::new(&redis.url(), "test:events", None).unwrap();
+    let mut stream = config.connect().unwrap();
+    let entry = |n: u64| (format!("r:{n}"), vec![n as u8; 3]);
+    let refused = |stream: &mut kv_state::stream::Stream, epoch: &str| {
+        let error = stream.append(epoch, &[entry(9)]).unwrap_err();
+        let message = kv_common::error_chain(&error);
+        assert!(message.contains("history"), "{message}");
+    };
+    // No epoch yet: nothing to append to.
+    refused(&mut stream, "e1");
+    assert_eq!(stream.epoch("e1").unwrap(), "e1");
+    assert_eq!(
+        stream.append("e1", &[entry(1), entry(2)]).unwrap(),
+        vec![0, 1]
+    );
+    refused(&mut stream, "e2");
+    redis.command(&["DEL", "test:events:epoch"]);
+    refused(&mut stream, "e1");
+    assert_eq!(
+        stream.bounds().unwrap(),
+        Some((0, 1)),
+        "nothing refused was appended"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_lost_and_refilled_by_others_make_a_replica_start_over() {
     let Some(redis) = RedisServer::start(false) else {

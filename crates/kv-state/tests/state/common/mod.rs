@@ -142,7 +142,10 @@ pub async fn apply_retrying(
     wait::until_ok("an answer other than UNAVAILABLE", || async {
         match state.apply(request.clone()).await {
             Err(
-                error @ (ChangeError::SharedLog(_) | ChangeError::NotReady | ChangeError::LogReset),
+                error @ (ChangeError::SharedLog(_)
+                | ChangeError::NotReady
+                | ChangeError::LogReset
+                | ChangeError::Unanswered { .. }),
             ) => Err(error),
             answer => Ok(answer.map(|_| ())),
         }
