@@ -93,27 +93,14 @@ impl Appender {
         }
         let (numbers, records): (Vec<u64>, Vec<(String, Vec<u8>)>) =
             entries.into_iter().map(|(n, o, r)| (n, (o, r))).unzip();
-        // Appended only to the history the applier follows: entries appended elsewhere (a
-        // Redis that lost the log) would never be read back.
-        let Some(epoch) = self.waiters.followed() else {
-            self.waiters.refuse(&numbers, || ChangeError::NotReady);
-            return;
-        };
-        let appended = match self.stream.take() {
-            Some(stream) => Ok(stream),
-            None => self.config.connect(),
-        }
-        .and_then(|mut stream| {
-            let positions = stream.append(&epoch, &records)?;
-            Ok((stream, positions))
-        });
-        match appended {
-            Ok((stream, _)) => {
-                self.stream = Some(stream);
+        match self.append_to_history(&records) {
+            Ok(true) => {
                 if self.config.waits_for_replicas() {
                     self.waiters.confirm(&numbers);
                 }
             }
+            // No history yet: no replica has joined this log (the applier sets its epoch).
+            Ok(false) => self.waiters.refuse(&numbers, || ChangeError::NotReady),
             Err(error) => {
                 warn!(error = %kv_common::error_chain(&error), changes = numbers.len(), "cannot append to the shared log: refusing the changes (UNAVAILABLE)");
                 crate::observe::event_log_append_failed();
@@ -122,6 +109,29 @@ impl Appender {
                     .refuse(&numbers, || ChangeError::SharedLog(error.clone()));
             }
         }
+    }
+
+    /// Appends `records` to the history the applier follows (entries appended to another, in
+    /// a Redis that lost the log, would never be read back), or while it bootstraps to the
+    /// stream's current one; false when the stream has none yet.
+    fn append_to_history(&mut self, records: &[(String, Vec<u8>)]) -> Result<bool, StreamError> {
+        let mut stream = match self.stream.take() {
+            Some(stream) => stream,
+            None => self.config.connect()?,
+        };
+        let epoch = match self.waiters.followed() {
+            Some(epoch) => epoch,
+            None => match stream.current_epoch()? {
+                Some(epoch) => epoch,
+                None => {
+                    self.stream = Some(stream);
+                    return Ok(false);
+                }
+            },
+        };
+        stream.append(&epoch, records)?;
+        self.stream = Some(stream);
+        Ok(true)
     }
 
     /// Stops the applier and writes a last local snapshot of what it applied.

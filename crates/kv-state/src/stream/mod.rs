@@ -29,14 +29,23 @@ mod config;
 pub use config::{StreamConfig, StreamConfigError};
 
 /// Appends entries (`ARGV[2..]`: origin, record, origin, record, …) if the stream's epoch
-/// (`KEYS[2]`) is `ARGV[1]`; answers their ids.
+/// (`KEYS[2]`) is `ARGV[1]`; answers their ids. A refused command (an ACL without it) is named
+/// in the error, which Redis does not do for a script's calls.
 const APPEND_SCRIPT: &str = r"
-    if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+    local epoch = redis.pcall('GET', KEYS[2])
+    if type(epoch) == 'table' and epoch.err then
+        return redis.error_reply(epoch.err .. ' (GET ' .. KEYS[2] .. ')')
+    end
+    if epoch ~= ARGV[1] then
         return redis.error_reply('KVEPOCH the stream has lost the history this replica follows (another epoch, or none): not appending')
     end
     local ids = {}
     for i = 2, #ARGV, 2 do
-        ids[#ids + 1] = redis.call('XADD', KEYS[1], '0-*', 'r', ARGV[i], 'd', ARGV[i + 1])
+        local id = redis.pcall('XADD', KEYS[1], '0-*', 'r', ARGV[i], 'd', ARGV[i + 1])
+        if type(id) == 'table' and id.err then
+            return redis.error_reply(id.err .. ' (XADD to ' .. KEYS[1] .. ')')
+        end
+        ids[#ids + 1] = id
     end
     return ids";
 
