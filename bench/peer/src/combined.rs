@@ -3,12 +3,12 @@
 //!
 //! - kv-index as the server arranges it (`PEER_COMBINED_CELL=left-right`, the default): the
 //!   server's own `kv_state::cell`, two copies; the applier changes the unpublished one and
-//!   publishes every 100 µs of applying (`cell::PUBLISH_AFTER`, as the server's writer does
-//!   while applies are queued), the querier takes the published copy for each
-//!   `match_prefix_hits`. As the server was before 2026-12-03 (`rwlock`): the index behind a
-//!   `parking_lot::RwLock`, the applier taking the write lock for each apply, the querier a read
-//!   lock per query; `rwlock-fair` hands the lock to a waiting querier at each unlock (a
-//!   measured alternative the server never used);
+//!   publishes every slice of applying (`IndexWriter::slice`: 100 µs, longer while readers
+//!   keep it waiting, as the server's writer does while applies are queued), the querier takes
+//!   the published copy for each `match_prefix_hits`. As the server was before 2026-12-03
+//!   (`rwlock`): the index behind a `parking_lot::RwLock`, the applier taking the write lock for
+//!   each apply, the querier a read lock per query; `rwlock-fair` hands the lock to a waiting
+//!   querier at each unlock (a measured alternative the server never used);
 //! - the peer with `PEER_COMBINED_THREADS` write threads (default 1): the applier enqueues its
 //!   stored events and waits for the barrier, the querier calls `find_matches` inline, as
 //!   Dynamo's router does.
@@ -170,8 +170,8 @@ pub fn ours(pages: &Pages, applies: &[(ValidApply, usize)], arrangement: Arrange
 }
 
 /// [`ours`] on the server's cell: each apply made on the writer's copy (its table grown there
-/// first), published every [`cell::PUBLISH_AFTER`] of applying, as the server's writer does
-/// when applies are always queued.
+/// first), published every slice of applying ([`IndexWriter::slice`]), as the server's writer
+/// does when applies are always queued.
 fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
     let (before, timed) = applies.split_at(applies.len() / 2);
     let mut first = Index::new();
@@ -195,7 +195,7 @@ fn ours_left_right(pages: &Pages, applies: &[(ValidApply, usize)]) -> Combined {
             rebuilding += before.elapsed();
             index.apply(valid);
             // As the server's writer with applies always queued: a publication per slice.
-            if slice.elapsed() >= cell::PUBLISH_AFTER {
+            if slice.elapsed() >= writer.slice() {
                 writer.publish();
                 slice = Instant::now();
             }

@@ -32,8 +32,20 @@ use parking_lot::{RwLock, RwLockWriteGuard};
 
 /// How long a writer applies queued changes before it publishes them (and answers them): each
 /// publication costs a wait for the last readers of the copy it replaces, so changes queued
-/// together share one, while what is applied is seen within about this much.
+/// together share one, while what is applied is seen within about this much. Longer while
+/// readers keep the writer waiting ([`IndexWriter::slice`]).
 pub const PUBLISH_AFTER: Duration = Duration::from_micros(100);
+
+/// The longest slice a writer applies before it publishes, however long it waits for readers:
+/// what is applied is seen (and answered) within about this much.
+pub const MAX_PUBLISH_AFTER: Duration = Duration::from_millis(8);
+
+/// A slice lasts this many times the writer's average wait for readers per publication, so
+/// that waiting takes at most about a fifth of its time. A reader preempted in the middle of a
+/// query (more runnable threads than cores: the server's own query threads, a neighbour) holds
+/// the copy until it runs again, milliseconds; were the writer to publish every
+/// [`PUBLISH_AFTER`] regardless, it would wait that long for every 100 µs of work.
+const SLICE_PER_WAIT: u32 = 4;
 
 /// The published index, shared by the readers (the service) and the one writer thread (a
 /// single server's writer, or a replica's applier), which changes it through an
@@ -132,6 +144,8 @@ pub struct IndexWriter {
     behind: OpLog,
     /// The changes applied to `spare` since the last publication.
     pending: OpLog,
+    /// The average wait for readers per change of copy, recent ones weighing most.
+    wait: Duration,
 }
 
 impl IndexWriter {
@@ -143,7 +157,15 @@ impl IndexWriter {
             spare,
             behind: OpLog::default(),
             pending: OpLog::default(),
+            wait: Duration::ZERO,
         }
+    }
+
+    /// How long the next slice applies before it publishes: [`PUBLISH_AFTER`], or
+    /// [`SLICE_PER_WAIT`] times the recent average wait for readers if longer, at most
+    /// [`MAX_PUBLISH_AFTER`].
+    pub fn slice(&self) -> Duration {
+        (self.wait * SLICE_PER_WAIT).clamp(PUBLISH_AFTER, MAX_PUBLISH_AFTER)
     }
 
     /// The cell this writer publishes to.
@@ -168,13 +190,19 @@ impl IndexWriter {
     /// seen by readers at the next [`IndexWriter::publish`]. Waits for the readers still in
     /// this copy from before the last publication.
     pub fn change(&mut self) -> Changing<'_> {
-        let index = exclusive(&mut self.spare);
+        let slice = self.slice();
+        let (index, waited) = exclusive(&mut self.spare);
+        if !self.behind.is_empty() {
+            // An average over about the last eight changes of copy.
+            self.wait = (self.wait * 7 + waited) / 8;
+        }
         let abort = AbortOnPanic("changing the index");
         self.behind.replay(index);
         Changing {
             index,
             log: &mut self.pending,
             started: Instant::now(),
+            slice,
             _abort: abort,
         }
     }
@@ -228,8 +256,8 @@ impl IndexWriter {
 /// A wait for readers this long is logged.
 const LONG_READER_WAIT: Duration = Duration::from_secs(1);
 
-/// The copy in `slot`, once no reader holds it.
-fn exclusive(slot: &mut Arc<Index>) -> &mut Index {
+/// The copy in `slot`, once no reader holds it, and how long that took.
+fn exclusive(slot: &mut Arc<Index>) -> (&mut Index, Duration) {
     let start = Instant::now();
     let mut spins = 0u32;
     while Arc::strong_count(slot) > 1 {
@@ -242,8 +270,9 @@ fn exclusive(slot: &mut Arc<Index>) -> &mut Index {
             _ => std::thread::sleep(Duration::from_micros(50)),
         }
     }
+    let mut waited = Duration::ZERO;
     if spins > 0 {
-        let waited = start.elapsed();
+        waited = start.elapsed();
         crate::observe::reader_wait(waited);
         if waited >= LONG_READER_WAIT {
             // A reader held this copy that long: a huge scan, or an export (`/state`'s digest).
@@ -253,7 +282,8 @@ fn exclusive(slot: &mut Arc<Index>) -> &mut Index {
             );
         }
     }
-    Arc::get_mut(slot).expect("no other holder: readers take only the published copy")
+    let index = Arc::get_mut(slot).expect("no other holder: readers take only the published copy");
+    (index, waited)
 }
 
 /// Changes the index, whichever copy or kind: the replay of a record onto one index
@@ -289,16 +319,18 @@ pub struct Changing<'a> {
     log: &'a mut OpLog,
     /// When the catch-up ended: the slice's own work is timed from here.
     started: Instant,
+    /// How long it applies before it publishes ([`IndexWriter::slice`]).
+    slice: Duration,
     /// A panic while this copy is half-changed aborts (an unwinding one could let a later
     /// publication serve it).
     _abort: AbortOnPanic,
 }
 
 impl Changing<'_> {
-    /// Whether this slice has applied for [`PUBLISH_AFTER`] (the wait for readers and the
+    /// Whether this slice has applied for [`IndexWriter::slice`] (the wait for readers and the
     /// catch-up not counted): time to publish and answer what it holds.
     pub fn slice_spent(&self) -> bool {
-        self.started.elapsed() >= PUBLISH_AFTER
+        self.started.elapsed() >= self.slice
     }
 
     /// Rebuilds the block table now when a change adding at most `blocks` blocks would (grow
@@ -451,6 +483,34 @@ mod tests {
             cell.read().hit_counts(&[1, 2, 3]).unwrap(),
             vec![(1, 1), (2, 1), (3, 1)]
         );
+    }
+
+    #[test]
+    fn a_writer_kept_waiting_by_readers_publishes_less_often_until_they_keep_up() {
+        let cell = empty();
+        let mut writer = IndexWriter::new(cell.clone());
+        assert_eq!(writer.slice(), PUBLISH_AFTER);
+        // A reader holds the copy the writer changes next for 20 ms (a preempted query).
+        writer.change().apply(&report("w", 0..10));
+        let held = cell.read();
+        writer.publish();
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            drop(held);
+        });
+        writer.change().apply(&report("w", 10..20));
+        reader.join().unwrap();
+        // An average wait of at least 20 / 8 ms: slices of four times that, past the bound.
+        assert_eq!(writer.slice(), MAX_PUBLISH_AFTER);
+        // Changes of copy that wait for nobody bring it back down.
+        for i in 0..64 {
+            writer.publish();
+            writer.change().apply(&report("w", 20 + i..21 + i));
+            // Changes without a publication in between are not changes of copy.
+            writer.change().apply(&report("v", i..i + 1));
+        }
+        assert_eq!(writer.slice(), PUBLISH_AFTER);
+        assert!(writer.copies_equal());
     }
 
     #[test]

@@ -252,8 +252,8 @@ impl Applier {
         }
     }
 
-    /// Applies entries from `entries` for at most [`crate::cell::PUBLISH_AFTER`] (at least one), publishes
-    /// them and answers them.
+    /// Applies entries from `entries` for a slice ([`crate::cell::IndexWriter::slice`], at least
+    /// one), publishes them and answers them.
     fn apply_some(&mut self, entries: &mut impl Iterator<Item = Entry>) {
         let mut answers = Vec::new();
         let mut skipped = Vec::new();

@@ -208,8 +208,8 @@ impl Thread {
         }
     }
 
-    /// Applies changes from `changes` for at most [`crate::cell::PUBLISH_AFTER`] (at least one), publishes
-    /// them and answers them: a long group is seen, and answered, in slices.
+    /// Applies changes from `changes` for a slice ([`crate::cell::IndexWriter::slice`], at least
+    /// one), publishes them and answers them: a long group is seen, and answered, in slices.
     fn apply_some(&mut self, changes: &mut impl Iterator<Item = Accepted>) {
         let mut answers = Vec::new();
         let mut retired = Vec::new();
