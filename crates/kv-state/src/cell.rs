@@ -490,17 +490,18 @@ mod tests {
         let cell = empty();
         let mut writer = IndexWriter::new(cell.clone());
         assert_eq!(writer.slice(), PUBLISH_AFTER);
-        // A reader holds the copy the writer changes next for 20 ms (a preempted query).
+        // A reader holds the copy the writer changes next for 40 ms (a preempted query).
         writer.change().apply(&report("w", 0..10));
         let held = cell.read();
         writer.publish();
         let reader = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(40));
             drop(held);
         });
         writer.change().apply(&report("w", 10..20));
         reader.join().unwrap();
-        // An average wait of at least 20 / 8 ms: slices of four times that, past the bound.
+        // A wait of 16 ms or more (the hold, less the moment before the writer started to
+        // wait) makes an average of 2 ms or more: slices of four times that, the bound.
         assert_eq!(writer.slice(), MAX_PUBLISH_AFTER);
         // Changes of copy that wait for nobody bring it back down.
         for i in 0..64 {

@@ -1,9 +1,9 @@
 //! The appender: takes the service's jobs (the same `Writer` handle as a single server) and
 //! appends each group to the shared stream in one round trip (a script that checks the
-//! stream's epoch is the one the applier follows, then `XADD`s). It never touches the index:
-//! each job waits for the applier to reach its entry. A Redis that cannot be reached, a
-//! replica still bootstrapping, or another epoch answers UNAVAILABLE; the bridges queue and
-//! retry.
+//! stream's epoch is the one the applier follows, or while it bootstraps the stream's current
+//! one, then `XADD`s). It never touches the index: each job waits for the applier to reach its
+//! entry. A Redis that cannot be reached, a stream without an epoch (no replica has joined
+//! it), or another epoch answers UNAVAILABLE; the bridges queue and retry.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,7 +5,7 @@
 //! Two threads per replica:
 //! - the **appender** takes the service's jobs (the same [`Writer`] handle as a single server)
 //!   and appends each group in one round trip, only to the history (epoch) the applier
-//!   follows. It does not touch the index: each job waits, under its own number, until the
+//!   follows (while it bootstraps, the stream's current one). It does not touch the index: each job waits, under its own number, until the
 //!   applier reaches its entry, and is answered with what applying it did (read-your-writes:
 //!   an answered apply is in this replica's index), or refused after
 //!   [`waiters::ANSWER_BOUND`] (an entry Redis lost in a failover is never read back). A Redis

@@ -1,7 +1,7 @@
 //! The jobs a replica accepted, each waiting under its own number until the applier reaches
 //! its entry and answers it with what applying it did (read-your-writes), or until
 //! [`ANSWER_BOUND`] passes; and the epoch of the history the applier follows, which the
-//! appender's appends must match.
+//! appender's appends must match (none while it bootstraps).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,8 +53,9 @@ pub(super) enum Outcome {
 }
 
 /// How long a job waits for the applier to read its entry back before it is refused
-/// (UNAVAILABLE, so the caller retries; the sequence gate makes the retry a duplicate if the
-/// entry is applied after all). An entry can be lost after its append was answered: written
+/// (UNAVAILABLE, so the caller retries; for a bridge's numbered apply the sequence gate makes
+/// the retry a duplicate if the entry is applied after all; a retried hit count or drop is
+/// applied again, as after any deadline the caller gave up on). An entry can be lost after its append was answered: written
 /// to a primary that then failed before its replicas held it (without
 /// `KV_INDEXER_EVENT_LOG_MIN_REPLICAS`), it is never read. Longer than the bridge's own call
 /// deadline (10 s), so that in a deployment this only frees what callers gave up on.
@@ -214,10 +215,10 @@ mod tests {
         let mut second = waiting(&waiters, 2);
         assert_eq!(waiters.expire(Duration::from_secs(60)), 0);
         assert!(first.try_recv().is_err(), "still waiting");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(60));
         let mut third = waiting(&waiters, 3);
         // The two older than the bound are refused, the newer one still waits.
-        assert_eq!(waiters.expire(Duration::from_millis(10)), 2);
+        assert_eq!(waiters.expire(Duration::from_millis(30)), 2);
         for answer in [&mut first, &mut second] {
             assert!(matches!(
                 answer.try_recv(),

@@ -177,9 +177,10 @@ impl Stream {
                 .arg(wanted)
                 .arg(REPLICA_WAIT.as_millis() as u64);
         }
-        let mut answers: Vec<Value> = pipe
-            .query(&mut self.connection)
-            .map_err(self.config.redis_error("appending (XADD)"))?;
+        let mut answers: Vec<Value> = pipe.query(&mut self.connection).map_err(
+            self.config
+                .redis_error("appending (the epoch check and XADD)"),
+        )?;
         if wanted > 0 {
             let acked = match answers.pop() {
                 Some(Value::Int(acked)) => acked,
