@@ -71,6 +71,8 @@ pub(super) struct Applier {
     pub(super) expiry_guard: ExpiryGuard,
     /// Entries that did not decode or apply (every replica skips the same ones).
     pub(super) skipped: u64,
+    /// The applier's loops that refused unanswered changes: logged at the 1st, 2nd, 4th, ….
+    pub(super) unanswered_log: kv_common::DoublingLog,
     /// What it knew when it last found the log rolled back, until its workers are cleared.
     pub(super) rollback: Option<Rollback>,
     pub(super) stop: Arc<AtomicBool>,
@@ -98,12 +100,15 @@ impl Applier {
         while !self.stop.load(Ordering::Acquire) {
             let unanswered = self.waiters.expire(ANSWER_BOUND);
             if unanswered > 0 {
-                warn!(
-                    changes = unanswered,
-                    bound_s = ANSWER_BOUND.as_secs(),
-                    "changes this replica appended were not read back from the shared log in time (lost by Redis?): refused (UNAVAILABLE), the callers retry"
-                );
                 crate::observe::event_log_changes_unanswered(unanswered);
+                if let Some(times) = self.unanswered_log.record() {
+                    warn!(
+                        changes = unanswered,
+                        times,
+                        bound_s = ANSWER_BOUND.as_secs(),
+                        "changes this replica appended were not read back from the shared log in time (lost by Redis?): refused (UNAVAILABLE), the callers retry"
+                    );
+                }
             }
             match self.step() {
                 Ok(()) => {

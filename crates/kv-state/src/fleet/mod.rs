@@ -111,6 +111,7 @@ pub fn start(
         lease: false,
         expiry_guard: Default::default(),
         skipped: 0,
+        unanswered_log: Default::default(),
         rollback: None,
         stop: stop.clone(),
     };
