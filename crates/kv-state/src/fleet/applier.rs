@@ -144,6 +144,8 @@ impl Applier {
                         retry_in_ms = backoff.as_millis() as u64,
                         "the shared log no longer explains this replica's index: bootstrapping again"
                     );
+                    // Before the epoch is forgotten: the build's file is under it.
+                    self.discard_build();
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     crate::observe::fleet_rebootstraps();

@@ -145,6 +145,20 @@ impl Applier {
         Ok(())
     }
 
+    /// Waits for a snapshot being built and removes its file: begun before the log stopped
+    /// explaining the index, it may hold entries of the lost history (it reads the stream as
+    /// it is now from a base of the old one), and the bootstrap that follows must not load it.
+    pub(super) fn discard_build(&mut self) {
+        let Some(building) = self.building.take() else {
+            return;
+        };
+        if let Ok((_, Ok(stale))) = building.join()
+            && let Some(dir) = self.epoch.as_deref().and_then(|e| self.snapshot_dir(e))
+        {
+            let _ = std::fs::remove_file(snapshot::path(&dir, stale.position));
+        }
+    }
+
     /// Starts a background snapshot when one is due, and takes a finished one.
     fn maybe_snapshot(&mut self) {
         if let Some(building) = self.building.take() {
