@@ -40,11 +40,11 @@ pub const PUBLISH_AFTER: Duration = Duration::from_micros(100);
 /// what is applied is seen (and answered) within about this much.
 pub const MAX_PUBLISH_AFTER: Duration = Duration::from_millis(8);
 
-/// A slice lasts this many times the writer's average wait for readers per publication, so
-/// that waiting takes at most about a fifth of its time. A reader preempted in the middle of a
-/// query (more runnable threads than cores: the server's own query threads, a neighbour) holds
-/// the copy until it runs again, milliseconds; were the writer to publish every
-/// [`PUBLISH_AFTER`] regardless, it would wait that long for every 100 µs of work.
+/// A slice lasts this many times the writer's average wait for readers per publication, so that
+/// waiting takes about a fifth of its time (while that is under [`MAX_PUBLISH_AFTER`]). A reader
+/// preempted in the middle of a query (more runnable threads than cores: the server's own query
+/// threads, a neighbour) holds the copy until it runs again, milliseconds; were the writer to
+/// publish every [`PUBLISH_AFTER`] regardless, it would wait that long for every 100 µs of work.
 const SLICE_PER_WAIT: u32 = 4;
 
 /// The published index, shared by the readers (the service) and the one writer thread (a

@@ -152,10 +152,15 @@ impl Applier {
         let Some(building) = self.building.take() else {
             return;
         };
-        if let Ok((_, Ok(stale))) = building.join()
-            && let Some(dir) = self.epoch.as_deref().and_then(|e| self.snapshot_dir(e))
-        {
-            let _ = std::fs::remove_file(snapshot::path(&dir, stale.position));
+        if let Ok((_, Ok(stale))) = building.join() {
+            self.remove_local_snapshot(stale.position);
+        }
+    }
+
+    /// Removes this replica's local snapshot at `position` of the epoch it follows, if any.
+    fn remove_local_snapshot(&self, position: u64) {
+        if let Some(dir) = self.epoch.as_deref().and_then(|e| self.snapshot_dir(e)) {
+            let _ = std::fs::remove_file(snapshot::path(&dir, position));
         }
     }
 
@@ -172,11 +177,7 @@ impl Applier {
                 }
                 // Built on a history this replica has since dropped: its local file must not
                 // be loaded by a later start either.
-                Ok((_, Ok(stale))) => {
-                    if let Some(dir) = self.epoch.as_deref().and_then(|e| self.snapshot_dir(e)) {
-                        let _ = std::fs::remove_file(snapshot::path(&dir, stale.position));
-                    }
-                }
+                Ok((_, Ok(stale))) => self.remove_local_snapshot(stale.position),
                 Ok((generation, Err(error))) if generation == self.generation => {
                     crate::observe::snapshot_failed(Some(&error))
                 }

@@ -3,13 +3,13 @@
 //! so every replica holds the same index.
 //!
 //! Two threads per replica:
-//! - the **appender** takes the service's jobs (the same [`Writer`] handle as a single server)
-//!   and appends each group in one round trip, only to the history (epoch) the applier
-//!   follows (while it bootstraps, the stream's current one). It does not touch the index: each job waits, under its own number, until the
-//!   applier reaches its entry, and is answered with what applying it did (read-your-writes:
-//!   an answered apply is in this replica's index), or refused after
-//!   [`waiters::ANSWER_BOUND`] (an entry Redis lost in a failover is never read back). A Redis
-//!   that cannot be reached answers UNAVAILABLE; the bridges queue and retry.
+//! - the **appender** takes the service's jobs (the same [`Writer`] handle as a single server) and
+//!   appends each group in one round trip, only to the history (epoch) the applier follows (while
+//!   it bootstraps, the stream's current one). It does not touch the index: each job waits, under
+//!   its own number, until the applier reaches its entry, and is answered with what applying it did
+//!   (read-your-writes: an answered apply is in this replica's index), or refused after
+//!   [`waiters::ANSWER_BOUND`] (an entry Redis lost in a failover is never read back). A Redis that
+//!   cannot be reached answers UNAVAILABLE; the bridges queue and retry.
 //! - the **applier** reads the stream (`XREAD BLOCK` from its position: no consumer group,
 //!   every replica needs every entry) and applies every entry in order, fencing in log order
 //!   so all replicas decide alike. It also runs the replica's upkeep: it checks that the log

@@ -55,10 +55,11 @@ pub(super) enum Outcome {
 /// How long a job waits for the applier to read its entry back before it is refused
 /// (UNAVAILABLE, so the caller retries; for a bridge's numbered apply the sequence gate makes
 /// the retry a duplicate if the entry is applied after all; a retried hit count or drop is
-/// applied again, as after any deadline the caller gave up on). An entry can be lost after its append was answered: written
-/// to a primary that then failed before its replicas held it (without
-/// `KV_INDEXER_EVENT_LOG_MIN_REPLICAS`), it is never read. Longer than the bridge's own call
-/// deadline (10 s), so that in a deployment this only frees what callers gave up on.
+/// applied again, as after any deadline the caller gave up on). An entry can be lost after
+/// its append was answered: written to a primary that then failed before its replicas held
+/// it (without `KV_INDEXER_EVENT_LOG_MIN_REPLICAS`), it is never read. Longer than the
+/// bridge's own call deadline (10 s), so that in a deployment this only frees what callers
+/// gave up on.
 pub(super) const ANSWER_BOUND: Duration = Duration::from_secs(15);
 
 /// A job, and what its entry did once applied if it may not be answered yet.
