@@ -403,7 +403,9 @@ def growth(args, logs):
 
 def add_bench_args(ap, base_port):
     """The options this script and fleet_bench.py share: the placements, the ports from
-    `base_port`, the churn and --no-build."""
+    `base_port`, the churn and --no-build. Default bases lie below the kernel's ephemeral range,
+    as the suites' do (`harness.Ports`): at 49100 a replica's connection to Redis took a port
+    the next server was to listen on (2026-12-07)."""
     ap.add_argument("--placements", default="1000000,10000000")
     ap.add_argument("--base-port", type=int, default=base_port)
     ap.add_argument("--ingest-ops", type=int, default=3_000_000)
@@ -422,7 +424,7 @@ def parse_bench_args(ap):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="ingest,startup,stall")
-    add_bench_args(ap, base_port=48800)
+    add_bench_args(ap, base_port=28800)
     ap.add_argument("--stall-placements", type=int, default=2_000_000)
     ap.add_argument("--stall-secs", type=int, default=10)
     ap.add_argument("--stall-log-sync", default="batch", help="the stall runs' --log-sync")

@@ -202,7 +202,7 @@ def min_replicas(args, logs, runs=3):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="ingest,join")
-    db.add_bench_args(ap, base_port=49100)
+    db.add_bench_args(ap, base_port=29100)
     args = db.parse_bench_args(ap)
     if not shutil.which("redis-server"):
         ap.error("redis-server is not installed: run scripts/install_redis.sh")

@@ -100,7 +100,7 @@ def main():
     p.add_argument("--connections", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--documents", type=int, default=200, help="distinct shared prefixes")
-    p.add_argument("--base-port", type=int, default=52100)
+    p.add_argument("--base-port", type=int, default=22100)
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
     args = p.parse_args()
 

@@ -10,7 +10,7 @@ blocks (its Prometheus gauges) and the placements the workers hold (their /cache
 end the traffic stops and the index is compared with the workers' views (over-claims must be 0;
 after a quiet period nothing is lost either, so under-claims should be 0 too).
 
-    scripts/soak.py [--minutes 5] [--workers 4] [--base-port 47800] [--no-build]
+    scripts/soak.py [--minutes 5] [--workers 4] [--base-port 26800] [--no-build]
 
 Exit status 1 on an over-claim or when the server's memory in the last quarter of the run is
 more than --max-growth above the first quarter's.
@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--sample-s", type=float, default=20.0)
     ap.add_argument("--max-growth", type=float, default=0.10, help="allowed server RSS growth, first to last quarter")
-    add_fleet_args(ap, workers=4, base_port=47800, docs=64, capacity_tokens=8192, host_capacity_tokens=16384,
+    add_fleet_args(ap, workers=4, base_port=26800, docs=64, capacity_tokens=8192, host_capacity_tokens=16384,
                    stable_s=4.0, deadline_s=60.0, poll_s=0.5, seed=11)
     args = ap.parse_args()
 
