@@ -217,7 +217,7 @@ def run_phase(args, server, name, duration, **query_flags):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--port", type=int, default=47600)
+    ap.add_argument("--port", type=int, default=28600)
     ap.add_argument("--admission", type=int, default=4,
                     help="the server's --prefix-query-max-inflight (4: a few scans' wait on one core)")
     ap.add_argument("--query-threads", type=int, help="the server's --query-threads (default: its own)")
