@@ -45,8 +45,6 @@ pub(super) struct Applier {
     pub(super) ready_at: Option<u64>,
     /// The origin of the entry last applied (at `next - 1`), checked before each new entry.
     pub(super) last_origin: Option<String>,
-    /// Bumped at every bootstrap: a snapshot built before one is thrown away.
-    pub(super) generation: u64,
     /// When this replica last became ready.
     pub(super) ready_since: Instant,
     /// Expiry records this replica appended (their origins are `<replica>:x<n>`).
@@ -61,7 +59,9 @@ pub(super) struct Applier {
     pub(super) clock: Clock,
     pub(super) snapshot_interval: Option<Duration>,
     pub(super) base: Option<Base>,
-    pub(super) building: Option<JoinHandle<(u64, Result<Base, StateError>)>>,
+    /// A snapshot being built, of the history the replica follows (a bootstrap waits for it
+    /// and removes its file first: [`Applier::discard_build`]).
+    pub(super) building: Option<JoinHandle<Result<Base, StateError>>>,
     pub(super) last_snapshot: Instant,
     pub(super) last_upkeep: Option<Instant>,
     /// When the entry last applied was last read again (none: at the next read).

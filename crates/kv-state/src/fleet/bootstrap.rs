@@ -19,6 +19,11 @@ use crate::stream::{Stream, StreamConfig, StreamError};
 impl Applier {
     /// Loads the newest usable snapshot and sets the position to replay from.
     pub(super) fn bootstrap(&mut self) -> Result<(), Restart> {
+        // A build of the history left behind was waited for and its file removed first.
+        debug_assert!(
+            self.building.is_none(),
+            "a snapshot build outlived its history"
+        );
         let mut stream = self.stream.take().expect("connected");
         let loaded = self.load_base(&mut stream);
         self.stream = Some(stream);
@@ -79,7 +84,6 @@ impl Applier {
         self.meta = meta;
         self.next = position;
         self.last_origin = None;
-        self.generation += 1;
         self.ready_at = Some(bounds.map_or(0, |(_, last)| last + 1));
         self.epoch = Some(epoch.clone());
         self.waiters.follow(Some(epoch.clone()));

@@ -62,8 +62,6 @@ pub(super) struct Build {
     pub(super) epoch: String,
     pub(super) base: Option<Base>,
     pub(super) to: u64,
-    /// The applier's generation when it was asked for.
-    pub(super) generation: u64,
     pub(super) dir: Option<PathBuf>,
     pub(super) publish: bool,
 }
@@ -140,13 +138,8 @@ impl Build {
         Ok(Some((index, meta)))
     }
 
-    /// Builds it; the result comes with the generation it was asked for in.
-    pub(super) fn run(self) -> (u64, Result<Base, StateError>) {
-        let generation = self.generation;
-        (generation, self.build())
-    }
-
-    fn build(self) -> Result<Base, StateError> {
+    /// Builds it.
+    pub(super) fn build(self) -> Result<Base, StateError> {
         let started = Instant::now();
         let origin = PathBuf::from(format!("{}:snapshot", self.config.key));
         let fleet_error = |error: StreamError| StateError::Fleet(Arc::new(error));

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::applier::{Applier, Restart};
 use super::build::{Build, write_local};
@@ -152,7 +152,7 @@ impl Applier {
         let Some(building) = self.building.take() else {
             return;
         };
-        if let Ok((_, Ok(stale))) = building.join() {
+        if let Ok(Ok(stale)) = building.join() {
             self.remove_local_snapshot(stale.position);
         }
     }
@@ -172,19 +172,8 @@ impl Applier {
                 return;
             }
             match building.join() {
-                Ok((generation, Ok(base))) if generation == self.generation => {
-                    self.base = Some(base)
-                }
-                // Built on a history this replica has since dropped: its local file must not
-                // be loaded by a later start either.
-                Ok((_, Ok(stale))) => self.remove_local_snapshot(stale.position),
-                Ok((generation, Err(error))) if generation == self.generation => {
-                    crate::observe::snapshot_failed(Some(&error))
-                }
-                // Started before a bootstrap, on a base the replica no longer follows.
-                Ok((_, Err(error))) => {
-                    debug!(error = %kv_common::error_chain(&error), "a snapshot begun before the last bootstrap failed")
-                }
+                Ok(Ok(base)) => self.base = Some(base),
+                Ok(Err(error)) => crate::observe::snapshot_failed(Some(&error)),
                 Err(_) => crate::observe::snapshot_failed(None),
             }
         }
@@ -203,11 +192,10 @@ impl Applier {
             epoch: self.epoch.clone().expect("bootstrapped"),
             base: self.base.clone(),
             to: self.next,
-            generation: self.generation,
             dir: self.epoch.as_deref().and_then(|e| self.snapshot_dir(e)),
             publish: self.lease,
         };
-        let spawned = snapshot::spawn_builder(move || job.run());
+        let spawned = snapshot::spawn_builder(move || job.build());
         match spawned {
             Ok(handle) => self.building = Some(handle),
             Err(error) => warn!(%error, "cannot start the snapshot thread"),

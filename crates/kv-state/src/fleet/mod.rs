@@ -91,7 +91,6 @@ pub fn start(
         next: 0,
         ready_at: None,
         last_origin: None,
-        generation: 0,
         ready_since: settings.clock.now(),
         expiries: 0,
         epoch: None,
